@@ -1,0 +1,61 @@
+"""admitgate: the admission gate for AI-agent gateways.
+
+Decides, for every inbound agent turn, whether it runs now, waits in a bounded FIFO queue,
+or is rejected with a busy reply: a concurrency ceiling, per-tenant sub-limits, overflow
+policies (``reject`` / ``queue`` / ``shed_oldest``) and memory-aware admission, with a Rust
+core. A drop-in for PraisonAI BotOS's pure-Python gate (see :mod:`admitgate.praisonai`).
+
+    gate = admitgate.build_admission_gate(max_concurrent_runs=32, queue_depth=128)
+    async with gate.admit(session_id=user_id):
+        reply = await agent.run(message)
+"""
+
+from __future__ import annotations
+
+import os as _os
+from typing import Any
+
+from . import _admitgate
+from ._admitgate import (
+    AdmissionGate,
+    ConcurrencyLimitPolicy,
+    InternalError,
+    MemoryPressurePolicy,
+    RssSampler,
+)
+from ._builders import build_admission_gate, build_memory_pressure_policy
+from ._errors import AdmissionRejected
+from ._types import ResourceSample
+
+__version__: str = _admitgate.__version__
+
+__all__ = [
+    "AdmissionDecision",
+    "AdmissionGate",
+    "AdmissionRejected",
+    "ConcurrencyLimitPolicy",
+    "InternalError",
+    "MemoryPressurePolicy",
+    "ResourceSample",
+    "RssSampler",
+    "build_admission_gate",
+    "build_memory_pressure_policy",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Resolved on first use: praisonaiagents' enum when it is installed (see _decision).
+    if name == "AdmissionDecision":
+        from ._decision import decision_enum
+
+        return decision_enum()
+    raise AttributeError(f"module 'admitgate' has no attribute {name!r}")
+
+
+def _after_fork_in_child() -> None:
+    _admitgate._reset_after_fork()
+    _admitgate._invalidate_samplers()
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)

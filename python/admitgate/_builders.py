@@ -1,0 +1,79 @@
+"""Config-to-gate builders with PraisonAI's signatures and stricter validation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._admitgate import AdmissionGate, ConcurrencyLimitPolicy, MemoryPressurePolicy
+
+
+def _unset(value: Any) -> bool:
+    """``None`` means "not configured" for the builders, as in PraisonAI's config layer."""
+    return value is None
+
+
+def build_memory_pressure_policy(
+    max_rss_mb: Any = 0.0, soft_ratio: Any = 0.9
+) -> MemoryPressurePolicy | None:
+    """Build the soft/hard RSS ladder from one knob, the hard ceiling ``max_rss_mb`` (MiB).
+
+    The soft (queue) threshold is ``soft_ratio`` of the ceiling, clamped to ``[0, 1]``.
+    Returns ``None`` when ``max_rss_mb`` is 0 or ``None`` (memory-aware admission off).
+    A negative, non-numeric, NaN or infinite ``max_rss_mb`` or ``soft_ratio`` raises
+    ``ValueError``: a typo must not silently turn memory protection off.
+    """
+    if _unset(max_rss_mb):
+        return None
+    hard = _number("max_rss_mb", max_rss_mb)
+    if hard < 0:
+        raise ValueError(f"max_rss_mb must be >= 0, got {max_rss_mb!r}")
+    ratio = _number("soft_ratio", 0.9 if soft_ratio is None else soft_ratio)
+    if hard == 0:
+        return None
+    soft = min(1.0, max(0.0, ratio)) * hard
+    return MemoryPressurePolicy(soft_rss_mb=soft, hard_rss_mb=hard)
+
+
+def _number(arg: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{arg} must be a number, got {value!r}")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{arg} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{arg} must be a finite number, got {value!r}")
+    return number
+
+
+def build_admission_gate(
+    max_concurrent_runs: Any = 0,
+    queue_depth: Any = 0,
+    overflow_policy: Any = "reject",
+    policy: Any = None,
+    resource_policy: Any = None,
+    max_concurrent_runs_per_scope: Any = 0,
+) -> AdmissionGate | None:
+    """Build an :class:`AdmissionGate` from configuration, or return ``None``.
+
+    ``None`` (no gate, every turn runs at once) when no ``policy`` is given, the ceiling is
+    0 and no ``resource_policy`` is given; a resource-only gate when only a
+    ``resource_policy`` is. Every argument is validated even when the ceiling is 0, so a
+    misconfiguration fails at start-up instead of silently removing protection.
+    """
+    if policy is None:
+        candidate = ConcurrencyLimitPolicy(
+            max_concurrent_runs=0 if _unset(max_concurrent_runs) else max_concurrent_runs,
+            queue_depth=0 if _unset(queue_depth) else queue_depth,
+            overflow_policy=overflow_policy,
+            max_concurrent_runs_per_scope=(
+                0 if _unset(max_concurrent_runs_per_scope) else max_concurrent_runs_per_scope
+            ),
+        )
+        if candidate.max_concurrent_runs == 0:
+            if resource_policy is not None:
+                return AdmissionGate(None, resource_policy=resource_policy)
+            return None
+        policy = candidate
+    return AdmissionGate(policy, resource_policy=resource_policy)

@@ -1,0 +1,852 @@
+//! The gate: one lock around a small state machine that admits, queues and sheds turns.
+//!
+//! # Implementation details
+//!
+//! All state lives in [`GateState`], a plain struct whose methods take `&mut self` and the
+//! current time as an argument (the core never reads a clock). [`Gate`] puts it behind one
+//! mutex. Every operation runs to completion under the lock and never blocks, allocates at
+//! most a queue record, and never calls out: wakers of the waiters it hands slots to (or
+//! sheds) are collected into a [`Wakes`] list that the caller runs after the lock is
+//! released, as tokio's batch semaphore does. A waker that is dropped (a cancelled waiter's)
+//! is also handed out, because dropping one may run foreign code (a Python finaliser).
+//!
+//! Slots are counted, not held as permits: `in_flight` is the number of turns holding a slot
+//! (including turns granted a slot whose owner has not yet woken up to claim it). A slot is
+//! free when `in_flight` is below the ceiling and, for a scoped turn, its scope's count is
+//! below the per-scope limit. Freed slots go to the oldest *eligible* waiter: the `ready`
+//! index holds, for each lane (one per scope, one for unscoped turns) that is below its
+//! limit and not empty, the arrival number of its head, so the next waiter to run is the
+//! first entry of that index. A tenant at its sub-limit is skipped, not dropped, and a
+//! newcomer never overtakes an eligible waiter.
+//!
+//! Memory pressure: the last resource decision is remembered. Under soft or hard pressure
+//! a release hands its slot to a waiter (concurrency stays level) but the free slots that
+//! pressure left idle are not filled, except when nothing runs at all (so the gate always
+//! makes progress). Once a decision under no pressure is seen, waiters fill the free slots
+//! in order before any newcomer is considered.
+//!
+//! A waiter's record stays in the slab after it is granted a slot or shed, until its owner
+//! claims the outcome ([`Gate::claim`]) or withdraws ([`Gate::cancel`]): a cancellation that
+//! races a grant finds the grant under the lock and hands the slot to the next waiter, so a
+//! slot is never lost. Human-approval waits lend a slot back ([`TurnSlot::suspend`]) and
+//! take one on resume even when none is free ([`TurnSlot::resume`]): `in_flight` may then
+//! exceed the ceiling, and the excess is repaid by not refilling the next releases.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::policy::{ConcurrencyLimit, Decision, Facts, Overflow};
+use super::sync::Mutex;
+use super::waiters::{Lane, WaitQueue, WaiterKey, WaiterState};
+
+/// How a waiting turn is woken. The gate calls [`Waker::wake`] outside its lock; the owner
+/// then asks [`Gate::claim`] what happened (a slot, or eviction).
+pub trait Waker: Send {
+    /// Wakes the waiter.
+    fn wake(self);
+}
+
+/// Wakers to run, and wakers to drop, once the gate's lock is released.
+#[must_use = "the waiters must be woken after the lock is released"]
+pub struct Wakes<W> {
+    wake: Vec<W>,
+    drop: Vec<W>,
+}
+
+impl<W> Default for Wakes<W> {
+    fn default() -> Self {
+        Self {
+            wake: Vec::new(),
+            drop: Vec::new(),
+        }
+    }
+}
+
+impl<W: Waker> Wakes<W> {
+    /// Wakes every collected waiter, then drops the discarded wakers.
+    pub fn run(self) {
+        for waker in self.wake {
+            waker.wake();
+        }
+        drop(self.drop);
+    }
+}
+
+impl<W> Wakes<W> {
+    /// How many waiters will be woken.
+    pub fn len(&self) -> usize {
+        self.wake.len()
+    }
+
+    /// Whether nobody will be woken.
+    pub fn is_empty(&self) -> bool {
+        self.wake.is_empty()
+    }
+}
+
+/// Why a turn was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The queue it would join was full and the overflow policy rejects (or `shed_oldest`
+    /// found nobody to evict).
+    QueueFull,
+    /// Resident memory is at or above the hard threshold.
+    MemoryPressure,
+    /// A user-supplied policy said reject.
+    Policy,
+}
+
+impl Rejection {
+    /// A stable name for logs, metrics and `AdmissionRejected.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::QueueFull => "queue_full",
+            Rejection::MemoryPressure => "memory_pressure",
+            Rejection::Policy => "policy",
+        }
+    }
+}
+
+/// What [`Gate::arrive`] did with a turn.
+#[derive(Debug, PartialEq)]
+pub enum Arrival {
+    /// It holds a slot now; release it with [`TurnSlot::close`].
+    Admitted(Option<Arc<str>>),
+    /// It waits; register a waker, then claim the outcome when woken.
+    Queued(WaiterKey),
+    /// It was refused.
+    Rejected(Rejection),
+}
+
+/// What [`Gate::claim`] found.
+#[derive(Debug, PartialEq)]
+pub enum Claim {
+    /// A slot was granted; the turn now holds it and counts as admitted.
+    Admitted(Option<Arc<str>>),
+    /// The turn was evicted by `shed_oldest`.
+    Shed,
+    /// Still waiting.
+    Waiting,
+    /// The key names no record (already claimed or withdrawn).
+    Unknown,
+}
+
+/// What [`Gate::register`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Registered {
+    /// The waker is stored; the turn will be woken.
+    Waiting,
+    /// The turn was granted a slot or shed before it registered: claim now.
+    Settled,
+    /// The key names no record.
+    Unknown,
+}
+
+/// What [`Gate::cancel`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The turn left the queue.
+    Withdrawn,
+    /// The turn had been granted a slot; the slot went to the next waiter.
+    ReturnedSlot,
+    /// The turn had been shed; nothing more to do.
+    AlreadyShed,
+    /// The key names no record.
+    Unknown,
+}
+
+/// A snapshot of the gate's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Turns holding a slot (including granted turns not yet running).
+    pub in_flight: u64,
+    /// Turns waiting for a slot.
+    pub queued: u64,
+    /// Admitted turns parked on a human approval, not holding a slot.
+    pub awaiting_human: u64,
+    /// Turns that started running.
+    pub admitted: u64,
+    /// Turns refused on arrival.
+    pub rejected: u64,
+    /// Waiters evicted by `shed_oldest`.
+    pub shed: u64,
+    /// Turns withdrawn while queued, or cancelled between being granted a slot and running.
+    pub cancelled: u64,
+    /// Turns granted a slot whose owner has not woken up to claim it (counted in flight).
+    pub granted_unclaimed: u64,
+    /// The most turns ever in flight at once.
+    pub peak_in_flight: u64,
+    /// Scopes with turns running or waiting.
+    pub tracked_scopes: u64,
+    /// How long the oldest waiter has waited, on the caller's clock.
+    pub oldest_wait: Option<Duration>,
+}
+
+#[derive(Debug, Default)]
+struct ScopeState {
+    in_flight: u64,
+    lane: Lane,
+    /// This lane's key in `ready`, if it is there.
+    ready: Option<u64>,
+}
+
+/// The admission state machine, without a lock. See the module documentation.
+#[derive(Debug)]
+pub struct GateState<W> {
+    limits: ConcurrencyLimit,
+    pressure: Decision,
+    in_flight: u64,
+    awaiting_human: u64,
+    admitted: u64,
+    rejected: u64,
+    shed: u64,
+    cancelled: u64,
+    granted_unclaimed: u64,
+    peak_in_flight: u64,
+    scopes: HashMap<Arc<str>, ScopeState>,
+    unscoped: ScopeState,
+    queue: WaitQueue<W>,
+    /// Arrival number of each eligible lane's head -> that waiter's record.
+    ready: BTreeMap<u64, u32>,
+}
+
+fn lane_state<'a>(
+    scopes: &'a mut HashMap<Arc<str>, ScopeState>,
+    unscoped: &'a mut ScopeState,
+    scope: Option<&str>,
+) -> &'a mut ScopeState {
+    match scope {
+        None => unscoped,
+        Some(name) => scopes
+            .get_mut(name)
+            .expect("scope state exists while referenced"),
+    }
+}
+
+impl<W> GateState<W> {
+    /// A gate enforcing `limits` (a `max_concurrent_runs` of 0 means no ceiling).
+    pub fn new(limits: ConcurrencyLimit) -> Self {
+        Self {
+            limits,
+            pressure: Decision::Admit,
+            in_flight: 0,
+            awaiting_human: 0,
+            admitted: 0,
+            rejected: 0,
+            shed: 0,
+            cancelled: 0,
+            granted_unclaimed: 0,
+            peak_in_flight: 0,
+            scopes: HashMap::new(),
+            unscoped: ScopeState::default(),
+            queue: WaitQueue::default(),
+            ready: BTreeMap::new(),
+        }
+    }
+
+    /// The limits this gate enforces.
+    pub fn limits(&self) -> &ConcurrencyLimit {
+        &self.limits
+    }
+
+    /// Whether the scope limit applies to `scope`.
+    fn tracked<'s>(&self, scope: Option<&'s str>) -> Option<&'s str> {
+        scope.filter(|s| !s.is_empty() && self.limits.max_per_scope > 0)
+    }
+
+    fn global_slot_free(&self) -> bool {
+        self.limits.max_concurrent_runs == 0
+            || self.in_flight < u64::from(self.limits.max_concurrent_runs)
+    }
+
+    fn scope_below_limit(&self, state: &ScopeState, scoped: bool) -> bool {
+        !scoped
+            || self.limits.max_per_scope == 0
+            || state.in_flight < u64::from(self.limits.max_per_scope)
+    }
+
+    /// Soft pressure with no ceiling has no slot to wait on, so it admits (as documented).
+    fn effective_pressure(&self, resource: Decision) -> Decision {
+        if self.limits.max_concurrent_runs == 0 && resource == Decision::Queue {
+            Decision::Admit
+        } else {
+            resource
+        }
+    }
+
+    /// The scope's key, creating its state if needed.
+    fn scope_entry(&mut self, name: &str) -> Arc<str> {
+        if let Some((key, _)) = self.scopes.get_key_value(name) {
+            return key.clone();
+        }
+        let key: Arc<str> = Arc::from(name);
+        self.scopes.insert(key.clone(), ScopeState::default());
+        key
+    }
+
+    /// Puts a lane's head in `ready` if the lane is eligible, takes it out otherwise, and
+    /// forgets the scope once nothing of it runs or waits.
+    fn refresh_lane(&mut self, scope: Option<&str>) {
+        let scoped = scope.is_some();
+        let state = match scope {
+            None => &self.unscoped,
+            Some(name) => match self.scopes.get(name) {
+                Some(state) => state,
+                None => return,
+            },
+        };
+        let head = self.queue.lane_head(&state.lane);
+        let wanted = match head {
+            Some(index) if self.scope_below_limit(state, scoped) => {
+                Some((self.queue.get(index).seq, index))
+            }
+            _ => None,
+        };
+        let current = state.ready;
+        if current != wanted.map(|(seq, _)| seq) {
+            if let Some(seq) = current {
+                self.ready.remove(&seq);
+            }
+            if let Some((seq, index)) = wanted {
+                self.ready.insert(seq, index);
+            }
+            lane_state(&mut self.scopes, &mut self.unscoped, scope).ready =
+                wanted.map(|(seq, _)| seq);
+        }
+        if let Some(name) = scope {
+            let state = &self.scopes[name];
+            if state.in_flight == 0 && state.lane.is_empty() {
+                debug_assert!(state.ready.is_none());
+                self.scopes.remove(name);
+            }
+        }
+    }
+
+    /// Counts a slot taken by a turn of `scope` (whose state must exist).
+    fn take_slot(&mut self, scope: Option<&str>) {
+        self.in_flight += 1;
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+        if scope.is_some() {
+            lane_state(&mut self.scopes, &mut self.unscoped, scope).in_flight += 1;
+            self.refresh_lane(scope);
+        }
+    }
+
+    fn give_slot(&mut self, scope: Option<&str>) {
+        debug_assert!(self.in_flight > 0, "slot returned twice");
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(name) = scope {
+            if let Some(state) = self.scopes.get_mut(name) {
+                debug_assert!(state.in_flight > 0, "scope slot returned twice");
+                state.in_flight = state.in_flight.saturating_sub(1);
+            }
+            self.refresh_lane(scope);
+        }
+    }
+
+    /// Hands free slots to the oldest eligible waiters. Under memory pressure only `freed`
+    /// slots are handed on (plus one when nothing runs), so concurrency does not grow.
+    fn dispatch(&mut self, freed: u32, wakes: &mut Wakes<W>) {
+        let mut budget = freed;
+        while self.global_slot_free() {
+            if self.pressure != Decision::Admit {
+                // Under pressure, only hand on what was freed; with nothing running at all,
+                // one waiter may start so the gate always makes progress.
+                if budget > 0 {
+                    budget -= 1;
+                } else if self.in_flight > 0 {
+                    break;
+                }
+            }
+            let Some((_, &index)) = self.ready.first_key_value() else {
+                break;
+            };
+            self.grant(index, wakes);
+        }
+    }
+
+    fn grant(&mut self, index: u32, wakes: &mut Wakes<W>) {
+        let scope = self.queue.get(index).scope.clone();
+        let lane = &mut lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref()).lane;
+        self.queue.unlink(index, lane, WaiterState::Granted);
+        self.granted_unclaimed += 1;
+        // Count the slot before refreshing, so the scope is not forgotten in between.
+        self.take_slot(scope.as_deref());
+        self.refresh_lane(scope.as_deref());
+        if let Some(waker) = self.queue.get_mut(index).waker.take() {
+            wakes.wake.push(waker);
+        }
+    }
+
+    /// Evicts the oldest waiter of `scope`'s lane (or of the whole queue when `None`).
+    fn evict_oldest(&mut self, scope: Option<&str>, wakes: &mut Wakes<W>) -> bool {
+        let victim = match scope {
+            None => self.queue.oldest(),
+            Some(name) => self
+                .scopes
+                .get(name)
+                .and_then(|state| self.queue.lane_head(&state.lane)),
+        };
+        let Some(index) = victim else {
+            return false;
+        };
+        let victim_scope = self.queue.get(index).scope.clone();
+        let lane = &mut lane_state(
+            &mut self.scopes,
+            &mut self.unscoped,
+            victim_scope.as_deref(),
+        )
+        .lane;
+        self.queue.unlink(index, lane, WaiterState::Shed);
+        self.refresh_lane(victim_scope.as_deref());
+        self.shed += 1;
+        if let Some(waker) = self.queue.get_mut(index).waker.take() {
+            wakes.wake.push(waker);
+        }
+        true
+    }
+
+    /// The facts a concurrency policy decides from, for a turn of `scope`.
+    pub fn facts(&self, scope: Option<&str>) -> Facts {
+        let scope_state = self.tracked(scope).and_then(|name| self.scopes.get(name));
+        Facts {
+            in_flight: self.in_flight,
+            queued: self.queue.len(),
+            scope_in_flight: scope_state.map_or(0, |s| s.in_flight),
+            scope_queued: scope_state.map_or(0, |s| s.lane.len()),
+        }
+    }
+
+    /// Admits, queues or rejects one turn.
+    ///
+    /// `scope` is the turn's tenant (ignored unless a per-scope limit is set). `decided` is
+    /// the concurrency decision of a foreign policy, made from [`GateState::facts`]; `None`
+    /// makes the gate decide with its own [`ConcurrencyLimit`] from the live facts.
+    /// `resource` is the memory-pressure decision for this turn ([`Decision::Admit`] when
+    /// memory-aware admission is off).
+    pub fn arrive(
+        &mut self,
+        scope: Option<&str>,
+        decided: Option<Decision>,
+        resource: Decision,
+        now: Duration,
+        wakes: &mut Wakes<W>,
+    ) -> Arrival {
+        let scope = self.tracked(scope);
+        self.pressure = self.effective_pressure(resource);
+        if self.pressure == Decision::Admit {
+            // Pressure may just have eased: waiters take the free slots before the newcomer.
+            self.dispatch(0, wakes);
+        }
+        let facts = self.facts(scope);
+        let concurrency = decided.unwrap_or_else(|| self.limits.decide(&facts, scope.is_some()));
+        let decision = concurrency.escalate(self.pressure);
+        if decision == Decision::Reject {
+            self.rejected += 1;
+            let reason = if concurrency != Decision::Reject {
+                Rejection::MemoryPressure
+            } else if decided.is_some() {
+                Rejection::Policy
+            } else {
+                Rejection::QueueFull
+            };
+            return Arrival::Rejected(reason);
+        }
+
+        let scope_blocked = self.limits.scope_blocked(scope.is_some(), &facts);
+        let runs_now = self.global_slot_free()
+            && !scope_blocked
+            && self.ready.is_empty()
+            && (self.pressure == Decision::Admit || self.in_flight == 0);
+        if runs_now {
+            let key = scope.map(|name| self.scope_entry(name));
+            self.take_slot(key.as_deref());
+            self.admitted += 1;
+            return Arrival::Admitted(key);
+        }
+
+        if decision == Decision::Queue {
+            // The queue this turn joins: its tenant's own when the tenant is at its limit.
+            let (joined, waiting) = if scope_blocked {
+                (scope, facts.scope_queued)
+            } else {
+                (None, facts.queued)
+            };
+            if waiting >= u64::from(self.limits.queue_depth) {
+                let evicts = self.limits.overflow == Overflow::ShedOldest;
+                // A policy that said QUEUE at a full queue chose to wait beyond the depth;
+                // a turn queued only by memory pressure meets the overflow policy instead.
+                let refuses =
+                    concurrency == Decision::Admit && self.limits.overflow == Overflow::Reject;
+                if (evicts && !self.evict_oldest(joined, wakes)) || refuses {
+                    self.rejected += 1;
+                    return Arrival::Rejected(Rejection::QueueFull);
+                }
+            }
+        }
+
+        let key = scope.map(|name| self.scope_entry(name));
+        let lane = &mut lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref()).lane;
+        let waiter = self.queue.push(lane, key.clone(), now);
+        self.refresh_lane(key.as_deref());
+        self.dispatch(0, wakes);
+        Arrival::Queued(waiter)
+    }
+
+    /// Stores the waker of a queued turn. If the turn was settled first, returns the waker.
+    pub fn register(&mut self, key: WaiterKey, waker: W) -> (Registered, Option<W>) {
+        let Some(index) = self.queue.resolve(key) else {
+            return (Registered::Unknown, Some(waker));
+        };
+        let record = self.queue.get_mut(index);
+        if record.state != WaiterState::Waiting {
+            return (Registered::Settled, Some(waker));
+        }
+        (Registered::Waiting, record.waker.replace(waker))
+    }
+
+    /// Collects a queued turn's outcome.
+    pub fn claim(&mut self, key: WaiterKey, wakes: &mut Wakes<W>) -> Claim {
+        let Some(index) = self.queue.resolve(key) else {
+            return Claim::Unknown;
+        };
+        let record = self.queue.get(index);
+        let outcome = match record.state {
+            WaiterState::Waiting => return Claim::Waiting,
+            WaiterState::Granted => {
+                self.admitted += 1;
+                self.granted_unclaimed -= 1;
+                Claim::Admitted(record.scope.clone())
+            }
+            WaiterState::Shed => Claim::Shed,
+        };
+        wakes.drop.extend(self.queue.free(index));
+        outcome
+    }
+
+    /// Withdraws a queued turn (its task was cancelled or its event loop is gone). A slot it
+    /// was granted in the meantime goes to the next waiter.
+    pub fn cancel(&mut self, key: WaiterKey, wakes: &mut Wakes<W>) -> Cancelled {
+        let Some(index) = self.queue.resolve(key) else {
+            return Cancelled::Unknown;
+        };
+        let record = self.queue.get(index);
+        let scope = record.scope.clone();
+        let outcome = match record.state {
+            WaiterState::Waiting => {
+                let lane =
+                    &mut lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref()).lane;
+                // Marked shed only to take it off the lists; it is freed just below.
+                self.queue.unlink(index, lane, WaiterState::Shed);
+                self.refresh_lane(scope.as_deref());
+                self.cancelled += 1;
+                Cancelled::Withdrawn
+            }
+            WaiterState::Granted => {
+                self.cancelled += 1;
+                self.granted_unclaimed -= 1;
+                Cancelled::ReturnedSlot
+            }
+            WaiterState::Shed => Cancelled::AlreadyShed,
+        };
+        wakes.drop.extend(self.queue.free(index));
+        if outcome == Cancelled::ReturnedSlot {
+            self.give_slot(scope.as_deref());
+            self.dispatch(1, wakes);
+        }
+        outcome
+    }
+
+    /// Returns a running turn's slot and hands it on. `resource`, when known, updates the
+    /// remembered memory pressure first.
+    pub fn release(
+        &mut self,
+        scope: Option<&str>,
+        resource: Option<Decision>,
+        wakes: &mut Wakes<W>,
+    ) {
+        if let Some(resource) = resource {
+            self.pressure = self.effective_pressure(resource);
+        }
+        self.give_slot(scope);
+        self.dispatch(1, wakes);
+    }
+
+    /// A running turn parks on a human approval: its slot is lent to the queue.
+    pub fn suspend(&mut self, scope: Option<&str>, wakes: &mut Wakes<W>) {
+        self.awaiting_human += 1;
+        self.give_slot(scope);
+        self.dispatch(1, wakes);
+    }
+
+    /// A parked turn resumes: it takes a slot, borrowing one if none is free (the borrow is
+    /// repaid by not refilling the next release). Never waits.
+    pub fn resume(&mut self, scope: Option<&str>) {
+        debug_assert!(self.awaiting_human > 0);
+        self.awaiting_human = self.awaiting_human.saturating_sub(1);
+        let key = scope.map(|name| self.scope_entry(name));
+        self.take_slot(key.as_deref());
+    }
+
+    /// A parked turn ends without resuming.
+    pub fn end_suspended(&mut self) {
+        debug_assert!(self.awaiting_human > 0);
+        self.awaiting_human = self.awaiting_human.saturating_sub(1);
+    }
+
+    /// Evicts the oldest live waiter of the whole queue; `false` if nobody waits.
+    pub fn shed_oldest_waiter(&mut self, wakes: &mut Wakes<W>) -> bool {
+        self.evict_oldest(None, wakes)
+    }
+
+    /// Forgets every turn and counter (the parent's turns after `fork()` are not the
+    /// child's). The wakers are handed back to be dropped, never woken.
+    pub fn reset(&mut self, wakes: &mut Wakes<W>) {
+        wakes.drop.extend(self.queue.drain_wakers());
+        *self = Self::new(self.limits);
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self, now: Duration) -> Stats {
+        Stats {
+            in_flight: self.in_flight,
+            queued: self.queue.len(),
+            awaiting_human: self.awaiting_human,
+            admitted: self.admitted,
+            rejected: self.rejected,
+            shed: self.shed,
+            cancelled: self.cancelled,
+            granted_unclaimed: self.granted_unclaimed,
+            peak_in_flight: self.peak_in_flight,
+            tracked_scopes: self.scopes.len() as u64,
+            oldest_wait: self
+                .queue
+                .oldest()
+                .map(|index| now.saturating_sub(self.queue.get(index).enqueued_at)),
+        }
+    }
+
+    /// Recomputes everything that is derived and panics on the first inconsistency.
+    /// Used by the unit and model tests after every step.
+    pub fn check_invariants(&self) {
+        let mut lanes_len = self.unscoped.lane.len();
+        let mut scoped_in_flight = 0;
+        let mut expected_ready = BTreeMap::new();
+        let lanes = std::iter::once((None, &self.unscoped))
+            .chain(self.scopes.iter().map(|(k, v)| (Some(k), v)));
+        for (name, state) in lanes {
+            if let Some(name) = name {
+                lanes_len += state.lane.len();
+                scoped_in_flight += state.in_flight;
+                assert!(
+                    state.in_flight > 0 || !state.lane.is_empty(),
+                    "scope {name:?} kept with nothing running or waiting"
+                );
+            }
+            let members: Vec<u32> = self.queue.iter_lane(&state.lane).collect();
+            assert_eq!(members.len() as u64, state.lane.len());
+            for window in members.windows(2) {
+                assert!(self.queue.get(window[0]).seq < self.queue.get(window[1]).seq);
+            }
+            for &index in &members {
+                assert_eq!(self.queue.get(index).scope.as_deref(), name.map(|n| &**n));
+                assert_eq!(self.queue.get(index).state, WaiterState::Waiting);
+            }
+            let lane_ready = members
+                .first()
+                .filter(|_| self.scope_below_limit(state, name.is_some()))
+                .map(|&head| (self.queue.get(head).seq, head));
+            assert_eq!(
+                state.ready,
+                lane_ready.map(|(seq, _)| seq),
+                "lane {name:?} misfiled"
+            );
+            expected_ready.extend(lane_ready);
+        }
+        assert_eq!(lanes_len, self.queue.len(), "lanes and queue disagree");
+        assert_eq!(self.queue.iter_all().count() as u64, self.queue.len());
+        assert_eq!(self.ready, expected_ready, "ready index is stale");
+        assert!(scoped_in_flight <= self.in_flight);
+        assert!(self.peak_in_flight >= self.in_flight);
+        if self.pressure == Decision::Admit && self.global_slot_free() {
+            assert!(
+                self.ready.is_empty(),
+                "an eligible waiter waits while a slot is free"
+            );
+        }
+    }
+}
+
+/// A [`GateState`] behind one lock. Every method returns the [`Wakes`] to run once the
+/// lock is released (they are collected under it).
+#[derive(Debug)]
+pub struct Gate<W> {
+    state: Mutex<GateState<W>>,
+}
+
+impl<W> Gate<W> {
+    /// A gate enforcing `limits`.
+    pub fn new(limits: ConcurrencyLimit) -> Self {
+        Self {
+            state: Mutex::new(GateState::new(limits)),
+        }
+    }
+
+    /// Runs `f` on the locked state; the returned wakes are run by the caller after unlock.
+    pub fn with<R>(&self, f: impl FnOnce(&mut GateState<W>, &mut Wakes<W>) -> R) -> (R, Wakes<W>) {
+        let mut wakes = Wakes::default();
+        let result = f(&mut self.state.lock(), &mut wakes);
+        (result, wakes)
+    }
+
+    /// See [`GateState::facts`].
+    pub fn facts(&self, scope: Option<&str>) -> Facts {
+        self.state.lock().facts(scope)
+    }
+
+    /// See [`GateState::arrive`].
+    pub fn arrive(
+        &self,
+        scope: Option<&str>,
+        decided: Option<Decision>,
+        resource: Decision,
+        now: Duration,
+    ) -> (Arrival, Wakes<W>) {
+        self.with(|state, wakes| state.arrive(scope, decided, resource, now, wakes))
+    }
+
+    /// See [`GateState::register`].
+    pub fn register(&self, key: WaiterKey, waker: W) -> (Registered, Option<W>) {
+        self.state.lock().register(key, waker)
+    }
+
+    /// See [`GateState::claim`].
+    pub fn claim(&self, key: WaiterKey) -> (Claim, Wakes<W>) {
+        self.with(|state, wakes| state.claim(key, wakes))
+    }
+
+    /// See [`GateState::cancel`].
+    pub fn cancel(&self, key: WaiterKey) -> (Cancelled, Wakes<W>) {
+        self.with(|state, wakes| state.cancel(key, wakes))
+    }
+
+    /// See [`GateState::shed_oldest_waiter`].
+    pub fn shed_oldest_waiter(&self) -> (bool, Wakes<W>) {
+        self.with(|state, wakes| state.shed_oldest_waiter(wakes))
+    }
+
+    /// See [`GateState::reset`].
+    pub fn reset(&self) -> Wakes<W> {
+        self.with(|state, wakes| state.reset(wakes)).1
+    }
+
+    /// See [`GateState::stats`].
+    pub fn stats(&self, now: Duration) -> Stats {
+        self.state.lock().stats(now)
+    }
+
+    /// See [`GateState::check_invariants`].
+    pub fn check_invariants(&self) {
+        self.state.lock().check_invariants()
+    }
+}
+
+#[derive(Debug)]
+struct SlotState {
+    /// Human waits entered and not yet left (parallel approval branches nest).
+    waits: u32,
+    /// Whether the turn holds its run slot.
+    held: bool,
+    /// Whether the turn has ended.
+    closed: bool,
+}
+
+/// The run slot of one admitted turn: lent back while the turn waits on a person, returned
+/// exactly once when the turn ends.
+///
+/// Lock order: a slot's lock, then the gate's. Neither is held while waking anyone.
+#[derive(Debug)]
+#[must_use = "a slot is held until `close` is called"]
+pub struct TurnSlot {
+    scope: Option<Arc<str>>,
+    state: Mutex<SlotState>,
+}
+
+impl TurnSlot {
+    /// The slot of a turn just admitted into `scope`.
+    pub fn new(scope: Option<Arc<str>>) -> Self {
+        Self {
+            scope,
+            state: Mutex::new(SlotState {
+                waits: 0,
+                held: true,
+                closed: false,
+            }),
+        }
+    }
+
+    /// The scope the slot counts against.
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
+
+    /// Enters a human wait; the first of nested waits lends the slot to the queue.
+    pub fn suspend<W>(&self, gate: &Gate<W>) -> Wakes<W> {
+        let mut slot = self.state.lock();
+        slot.waits += 1;
+        if slot.waits == 1 && slot.held && !slot.closed {
+            slot.held = false;
+            return gate
+                .with(|state, wakes| state.suspend(self.scope(), wakes))
+                .1;
+        }
+        Wakes::default()
+    }
+
+    /// Leaves a human wait; takes the slot back (borrowing if none is free), never waits.
+    pub fn resume<W>(&self, gate: &Gate<W>) {
+        let mut slot = self.state.lock();
+        slot.waits = slot.waits.saturating_sub(1);
+        if slot.held || slot.closed {
+            return;
+        }
+        slot.held = true;
+        let ((), wakes) = gate.with(|state, _| state.resume(self.scope()));
+        debug_assert!(wakes.is_empty(), "taking a slot wakes nobody");
+        drop(wakes);
+    }
+
+    /// Ends the turn: returns the slot if held, else stops counting the human wait.
+    /// Idempotent; `resource` updates the remembered memory pressure.
+    pub fn close<W>(&self, gate: &Gate<W>, resource: Option<Decision>) -> Wakes<W> {
+        let mut slot = self.state.lock();
+        if slot.closed {
+            return Wakes::default();
+        }
+        slot.closed = true;
+        if slot.held {
+            slot.held = false;
+            gate.with(|state, wakes| state.release(self.scope(), resource, wakes))
+                .1
+        } else {
+            gate.with(|state, _| state.end_suspended()).1
+        }
+    }
+
+    /// Whether the turn has ended.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Whether the turn holds its slot (not lent to a human wait, not ended).
+    pub fn is_held(&self) -> bool {
+        self.state.lock().held
+    }
+}
+
+#[cfg(all(test, not(admitgate_loom)))]
+mod tests;
+
+#[cfg(all(test, admitgate_loom))]
+mod loom_tests;

@@ -1,0 +1,554 @@
+//! Unit tests of the state machine, driven step by step with the invariants checked after
+//! every step.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::core::policy::ConcurrencyLimit;
+
+/// Counts how often it was woken.
+#[derive(Clone, Default)]
+struct Counter(Arc<AtomicUsize>);
+
+impl Waker for Counter {
+    fn wake(self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Counter {
+    fn woken(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+const T0: Duration = Duration::ZERO;
+
+fn gate(max: i64, depth: i64, overflow: &str, per_scope: i64) -> Gate<Counter> {
+    Gate::new(ConcurrencyLimit::new(max, depth, overflow, per_scope).unwrap())
+}
+
+/// Arrives and checks invariants; the wakes are run.
+fn arrive(g: &Gate<Counter>, scope: &str, resource: Decision) -> Arrival {
+    let (arrival, wakes) = g.arrive(Some(scope), None, resource, T0);
+    wakes.run();
+    g.check_invariants();
+    arrival
+}
+
+fn admit(g: &Gate<Counter>, scope: &str) -> TurnSlot {
+    match arrive(g, scope, Decision::Admit) {
+        Arrival::Admitted(key) => TurnSlot::new(key),
+        other => panic!("expected admission, got {other:?}"),
+    }
+}
+
+fn queue(g: &Gate<Counter>, scope: &str) -> (WaiterKey, Counter) {
+    match arrive(g, scope, Decision::Admit) {
+        Arrival::Queued(key) => {
+            let waker = Counter::default();
+            assert_eq!(g.register(key, waker.clone()).0, Registered::Waiting);
+            (key, waker)
+        }
+        other => panic!("expected to queue, got {other:?}"),
+    }
+}
+
+fn claim(g: &Gate<Counter>, key: WaiterKey) -> Claim {
+    let (claim, wakes) = g.claim(key);
+    wakes.run();
+    g.check_invariants();
+    claim
+}
+
+fn close(g: &Gate<Counter>, slot: &TurnSlot) {
+    slot.close(g, None).run();
+    g.check_invariants();
+}
+
+fn stats(g: &Gate<Counter>) -> Stats {
+    g.stats(T0)
+}
+
+#[test]
+fn ceiling_queue_and_fifo_handoff() {
+    let g = gate(2, 2, "reject", 0);
+    let a = admit(&g, "");
+    let b = admit(&g, "");
+    let (k1, w1) = queue(&g, "");
+    let (k2, w2) = queue(&g, "");
+    assert_eq!(
+        arrive(&g, "", Decision::Admit),
+        Arrival::Rejected(Rejection::QueueFull)
+    );
+    let s = stats(&g);
+    assert_eq!(
+        (s.in_flight, s.queued, s.admitted, s.rejected),
+        (2, 2, 2, 1)
+    );
+
+    close(&g, &a);
+    assert_eq!(
+        (w1.woken(), w2.woken()),
+        (1, 0),
+        "the oldest waiter gets the slot"
+    );
+    assert_eq!(claim(&g, k2), Claim::Waiting);
+    assert_eq!(claim(&g, k1), Claim::Admitted(None));
+    assert_eq!(claim(&g, k1), Claim::Unknown, "a claimed key is spent");
+    close(&g, &b);
+    assert_eq!(w2.woken(), 1);
+    assert_eq!(claim(&g, k2), Claim::Admitted(None));
+    let s = stats(&g);
+    assert_eq!((s.in_flight, s.queued, s.admitted), (2, 0, 4));
+}
+
+#[test]
+fn closing_twice_returns_one_slot() {
+    let g = gate(1, 0, "reject", 0);
+    let a = admit(&g, "");
+    close(&g, &a);
+    close(&g, &a);
+    assert_eq!(stats(&g).in_flight, 0);
+}
+
+#[test]
+fn queue_overflow_waits_beyond_depth() {
+    let g = gate(1, 1, "queue", 0);
+    let _a = admit(&g, "");
+    for _ in 0..5 {
+        queue(&g, "");
+    }
+    assert_eq!(stats(&g).queued, 5);
+}
+
+#[test]
+fn shed_oldest_evicts_the_oldest_live_waiter() {
+    let g = gate(1, 2, "shed_oldest", 0);
+    let a = admit(&g, "");
+    let (k1, w1) = queue(&g, "");
+    let (k2, _) = queue(&g, "");
+    let (k3, _) = queue(&g, "");
+    assert_eq!(w1.woken(), 1, "the evicted waiter is woken");
+    assert_eq!(claim(&g, k1), Claim::Shed);
+    let s = stats(&g);
+    assert_eq!((s.queued, s.shed, s.rejected), (2, 1, 0));
+    close(&g, &a);
+    assert_eq!(claim(&g, k2), Claim::Admitted(None));
+    assert_eq!(claim(&g, k3), Claim::Waiting);
+}
+
+#[test]
+fn shed_oldest_with_nobody_to_evict_rejects() {
+    let g = gate(1, 0, "shed_oldest", 0);
+    let _a = admit(&g, "");
+    assert_eq!(
+        arrive(&g, "", Decision::Admit),
+        Arrival::Rejected(Rejection::QueueFull)
+    );
+    assert_eq!(stats(&g).shed, 0);
+}
+
+#[test]
+fn noisy_tenant_waits_in_its_own_lane() {
+    let g = gate(32, 128, "reject", 4);
+    let running: Vec<TurnSlot> = (0..4).map(|_| admit(&g, "noisy")).collect();
+    let waiting: Vec<(WaiterKey, Counter)> = (0..6).map(|_| queue(&g, "noisy")).collect();
+    let quiet = admit(&g, "quiet");
+    let s = stats(&g);
+    assert_eq!(
+        (s.in_flight, s.queued),
+        (5, 6),
+        "global slots stay free for others"
+    );
+
+    close(&g, &running[0]);
+    let woken: Vec<usize> = waiting.iter().map(|(_, w)| w.woken()).collect();
+    assert_eq!(
+        woken,
+        vec![1, 0, 0, 0, 0, 0],
+        "the tenant's own turns start in order"
+    );
+    assert_eq!(
+        claim(&g, waiting[0].0),
+        Claim::Admitted(Some(Arc::from("noisy")))
+    );
+    close(&g, &quiet);
+    assert_eq!(
+        waiting[1].1.woken(),
+        0,
+        "another tenant's release frees no noisy slot"
+    );
+    assert_eq!(g.facts(Some("noisy")).scope_in_flight, 4);
+}
+
+#[test]
+fn a_skipped_tenant_keeps_its_place() {
+    let g = gate(2, 8, "queue", 1);
+    let a = admit(&g, "a");
+    let b = admit(&g, "b");
+    let (a2, wa2) = queue(&g, "a"); // blocked by its scope
+    let (c1, wc1) = queue(&g, "c"); // blocked by the ceiling
+    close(&g, &b);
+    assert_eq!(
+        (wa2.woken(), wc1.woken()),
+        (0, 1),
+        "a's turn is skipped, not dropped"
+    );
+    assert_eq!(claim(&g, c1), Claim::Admitted(Some(Arc::from("c"))));
+    close(&g, &a);
+    assert_eq!(wa2.woken(), 1);
+    assert_eq!(claim(&g, a2), Claim::Admitted(Some(Arc::from("a"))));
+}
+
+#[test]
+fn shed_oldest_evicts_within_the_full_tenant_lane() {
+    let g = gate(8, 1, "shed_oldest", 1);
+    let _other = admit(&g, "other");
+    let (o1, _) = queue(&g, "other"); // other's lane is now full
+    let _a = admit(&g, "a");
+    let (a1, _) = queue(&g, "a");
+    let (a2, _) = queue(&g, "a"); // evicts a1, not the globally oldest o1
+    assert_eq!(claim(&g, a1), Claim::Shed);
+    assert_eq!(claim(&g, o1), Claim::Waiting);
+    assert_eq!(claim(&g, a2), Claim::Waiting);
+}
+
+#[test]
+fn cancelled_waiter_leaves_no_trace() {
+    let g = gate(1, 4, "reject", 0);
+    let a = admit(&g, "");
+    let (k, _) = queue(&g, "");
+    let (cancelled, wakes) = g.cancel(k);
+    wakes.run();
+    assert_eq!(cancelled, Cancelled::Withdrawn);
+    g.check_invariants();
+    close(&g, &a);
+    let s = stats(&g);
+    assert_eq!((s.in_flight, s.queued, s.cancelled), (0, 0, 1));
+    let again = admit(&g, "");
+    close(&g, &again);
+}
+
+#[test]
+fn cancel_after_grant_hands_the_slot_on() {
+    let g = gate(1, 4, "reject", 0);
+    let a = admit(&g, "");
+    let (k1, w1) = queue(&g, "");
+    let (k2, w2) = queue(&g, "");
+    close(&g, &a);
+    assert_eq!(w1.woken(), 1);
+    // The owner was cancelled in the same instant: the slot goes to the next waiter.
+    let (cancelled, wakes) = g.cancel(k1);
+    assert_eq!(cancelled, Cancelled::ReturnedSlot);
+    wakes.run();
+    g.check_invariants();
+    assert_eq!(w2.woken(), 1);
+    assert_eq!(claim(&g, k2), Claim::Admitted(None));
+    let s = stats(&g);
+    assert_eq!((s.in_flight, s.admitted, s.cancelled), (1, 2, 1));
+}
+
+#[test]
+fn a_grant_before_registration_is_found_at_registration() {
+    let g = gate(1, 4, "reject", 0);
+    let a = admit(&g, "");
+    let key = match arrive(&g, "", Decision::Admit) {
+        Arrival::Queued(key) => key,
+        other => panic!("{other:?}"),
+    };
+    close(&g, &a);
+    let (registered, back) = g.register(key, Counter::default());
+    assert_eq!(registered, Registered::Settled);
+    assert!(back.is_some());
+    assert_eq!(claim(&g, key), Claim::Admitted(None));
+}
+
+#[test]
+fn soft_pressure_queues_while_anything_runs() {
+    let g = gate(4, 8, "reject", 0);
+    let first = match arrive(&g, "", Decision::Queue) {
+        Arrival::Admitted(key) => TurnSlot::new(key),
+        other => panic!("nothing runs: the gate must make progress, got {other:?}"),
+    };
+    let waiting = match arrive(&g, "", Decision::Queue) {
+        Arrival::Queued(key) => key,
+        other => panic!("soft pressure with a turn running must queue, got {other:?}"),
+    };
+    let second = match arrive(&g, "", Decision::Queue) {
+        Arrival::Queued(key) => key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        stats(&g).in_flight,
+        1,
+        "concurrency stops growing under soft pressure"
+    );
+    // A release under pressure hands its slot on: level, not growing.
+    first.close(&g, Some(Decision::Queue)).run();
+    g.check_invariants();
+    assert_eq!(claim(&g, waiting), Claim::Admitted(None));
+    assert_eq!(claim(&g, second), Claim::Waiting);
+    // Pressure eases: the waiter takes a free slot before the newcomer.
+    let newcomer = arrive(&g, "", Decision::Admit);
+    assert_eq!(claim(&g, second), Claim::Admitted(None));
+    assert!(matches!(newcomer, Arrival::Admitted(None)));
+    assert_eq!(stats(&g).in_flight, 3);
+}
+
+#[test]
+fn soft_pressure_at_a_full_queue_meets_the_overflow_policy() {
+    let g = gate(4, 1, "reject", 0);
+    let _a = admit(&g, "");
+    queue_with(&g, Decision::Queue);
+    assert_eq!(
+        arrive(&g, "", Decision::Queue),
+        Arrival::Rejected(Rejection::QueueFull)
+    );
+    let s = gate(4, 1, "shed_oldest", 0);
+    let _b = admit(&s, "");
+    let victim = queue_with(&s, Decision::Queue);
+    assert!(matches!(
+        arrive(&s, "", Decision::Queue),
+        Arrival::Queued(_)
+    ));
+    assert_eq!(claim(&s, victim), Claim::Shed);
+}
+
+fn queue_with(g: &Gate<Counter>, resource: Decision) -> WaiterKey {
+    match arrive(g, "", resource) {
+        Arrival::Queued(key) => key,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn hard_pressure_rejects_and_no_ceiling_soft_admits() {
+    let g = gate(4, 8, "queue", 0);
+    assert_eq!(
+        arrive(&g, "", Decision::Reject),
+        Arrival::Rejected(Rejection::MemoryPressure)
+    );
+    let resource_only = gate(0, 0, "reject", 0);
+    assert!(matches!(
+        arrive(&resource_only, "", Decision::Queue),
+        Arrival::Admitted(_)
+    ));
+    assert!(matches!(
+        arrive(&resource_only, "", Decision::Queue),
+        Arrival::Admitted(_)
+    ));
+    assert_eq!(
+        arrive(&resource_only, "", Decision::Reject),
+        Arrival::Rejected(Rejection::MemoryPressure)
+    );
+}
+
+#[test]
+fn foreign_decisions_are_made_real() {
+    let g = gate(1, 0, "reject", 0);
+    // A policy that says admit when no slot is free makes the turn wait.
+    let _a = admit(&g, "");
+    let (said_admit, wakes) = g.arrive(None, Some(Decision::Admit), Decision::Admit, T0);
+    drop(wakes);
+    assert!(matches!(said_admit, Arrival::Queued(_)));
+    // A policy that says reject is obeyed, with its own reason.
+    let (said_reject, _) = g.arrive(None, Some(Decision::Reject), Decision::Admit, T0);
+    assert_eq!(said_reject, Arrival::Rejected(Rejection::Policy));
+    // A policy that says queue while a slot is free runs at once.
+    let free = gate(2, 0, "reject", 0);
+    let (said_queue, _) = free.arrive(None, Some(Decision::Queue), Decision::Admit, T0);
+    assert!(matches!(said_queue, Arrival::Admitted(None)));
+}
+
+#[test]
+fn human_wait_lends_and_borrows() {
+    let g = gate(1, 4, "reject", 0);
+    let parked = admit(&g, "");
+    let (k, w) = queue(&g, "");
+    parked.suspend(&g).run();
+    g.check_invariants();
+    assert_eq!(w.woken(), 1, "the lent slot goes to the waiter");
+    assert_eq!(claim(&g, k), Claim::Admitted(None));
+    let s = stats(&g);
+    assert_eq!((s.in_flight, s.awaiting_human), (1, 1));
+    // Resume with no free slot: borrow, never wait.
+    parked.resume(&g);
+    g.check_invariants();
+    assert_eq!(stats(&g).in_flight, 2);
+    let (k2, w2) = queue(&g, "");
+    close(&g, &parked);
+    assert_eq!(w2.woken(), 0, "the first release repays the borrow");
+    assert_eq!(stats(&g).in_flight, 1);
+    assert_eq!(claim(&g, k2), Claim::Waiting);
+}
+
+#[test]
+fn nested_human_waits_lend_once_and_ending_while_parked_counts_once() {
+    let g = gate(2, 0, "reject", 0);
+    let slot = admit(&g, "");
+    slot.suspend(&g).run();
+    slot.suspend(&g).run();
+    assert_eq!((stats(&g).in_flight, stats(&g).awaiting_human), (0, 1));
+    close(&g, &slot);
+    assert_eq!((stats(&g).in_flight, stats(&g).awaiting_human), (0, 0));
+    slot.resume(&g);
+    slot.resume(&g);
+    assert_eq!(stats(&g).in_flight, 0, "a closed turn takes nothing back");
+    g.check_invariants();
+}
+
+#[test]
+fn scoped_resume_borrows_per_tenant() {
+    let g = gate(8, 4, "reject", 1);
+    let parked = admit(&g, "t");
+    parked.suspend(&g).run();
+    let other = admit(&g, "t");
+    parked.resume(&g);
+    g.check_invariants();
+    assert_eq!(
+        g.facts(Some("t")).scope_in_flight,
+        2,
+        "the tenant borrows its own slot"
+    );
+    let (k, w) = queue(&g, "t");
+    close(&g, &other);
+    assert_eq!(w.woken(), 0, "the tenant's release repays its borrow");
+    close(&g, &parked);
+    assert_eq!(claim(&g, k), Claim::Admitted(Some(Arc::from("t"))));
+}
+
+#[test]
+fn scopes_are_forgotten_when_idle() {
+    let g = gate(200, 4, "reject", 60);
+    let slots: Vec<TurnSlot> = (0..100)
+        .map(|i| admit(&g, &format!("s{}", i % 2)))
+        .collect();
+    drop(slots);
+    let mut turns = Vec::new();
+    for i in 0..3 {
+        turns.push(admit(&g, &format!("tenant-{i}")));
+    }
+    assert_eq!(stats(&g).tracked_scopes, 5);
+    for t in &turns {
+        close(&g, t);
+    }
+    assert_eq!(stats(&g).tracked_scopes, 2);
+}
+
+#[test]
+fn reset_forgets_everything() {
+    let g = gate(1, 4, "reject", 0);
+    let _a = admit(&g, "");
+    let (_k, w) = queue(&g, "");
+    g.reset().run();
+    assert_eq!(w.woken(), 0, "reset drops wakers without waking them");
+    assert_eq!(stats(&g), Stats::default());
+    g.check_invariants();
+}
+
+#[test]
+fn oldest_wait_uses_the_callers_clock() {
+    let g = gate(1, 4, "reject", 0);
+    let _a = admit(&g, "");
+    let (arrival, _) = g.arrive(None, None, Decision::Admit, Duration::from_secs(10));
+    assert!(matches!(arrival, Arrival::Queued(_)));
+    assert_eq!(
+        g.stats(Duration::from_secs(13)).oldest_wait,
+        Some(Duration::from_secs(3))
+    );
+}
+
+/// A small deterministic random walk over every operation, checking the invariants and
+/// the conservation of turns after every step.
+#[test]
+fn random_walk_keeps_every_invariant() {
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for config in 0..12 {
+        let overflow = ["reject", "queue", "shed_oldest"][config % 3];
+        let g = gate(
+            1 + (config as i64 % 4),
+            (config as i64) % 3,
+            overflow,
+            (config as i64) % 3,
+        );
+        let mut running: Vec<TurnSlot> = Vec::new();
+        let mut waiting: Vec<WaiterKey> = Vec::new();
+        let mut arrivals = 0u64;
+        for _ in 0..4000 {
+            let scope = format!("t{}", next(4));
+            match next(7) {
+                0 | 1 => {
+                    arrivals += 1;
+                    let resource = [
+                        Decision::Admit,
+                        Decision::Admit,
+                        Decision::Queue,
+                        Decision::Reject,
+                    ][next(4) as usize];
+                    let (arrival, wakes) = g.arrive(Some(&scope), None, resource, T0);
+                    wakes.run();
+                    match arrival {
+                        Arrival::Admitted(key) => running.push(TurnSlot::new(key)),
+                        Arrival::Queued(key) => waiting.push(key),
+                        Arrival::Rejected(_) => {}
+                    }
+                }
+                2 if !running.is_empty() => {
+                    let slot = running.swap_remove(next(running.len() as u64) as usize);
+                    slot.close(&g, None).run();
+                }
+                3 if !waiting.is_empty() => {
+                    let key = waiting.swap_remove(next(waiting.len() as u64) as usize);
+                    g.cancel(key).1.run();
+                }
+                4 if !waiting.is_empty() => {
+                    let i = next(waiting.len() as u64) as usize;
+                    match g.claim(waiting[i]) {
+                        (Claim::Admitted(key), wakes) => {
+                            wakes.run();
+                            waiting.swap_remove(i);
+                            running.push(TurnSlot::new(key));
+                        }
+                        (Claim::Shed, _) => {
+                            waiting.swap_remove(i);
+                        }
+                        _ => {}
+                    }
+                }
+                5 if !running.is_empty() => {
+                    let slot = &running[next(running.len() as u64) as usize];
+                    if next(2) == 0 {
+                        slot.suspend(&g).run();
+                    } else {
+                        slot.resume(&g);
+                    }
+                }
+                _ => {
+                    g.shed_oldest_waiter().1.run();
+                }
+            }
+            g.check_invariants();
+            let s = stats(&g);
+            assert_eq!(
+                s.admitted + s.rejected + s.shed + s.cancelled + s.queued + s.granted_unclaimed,
+                arrivals,
+                "every turn that reached the gate is accounted for exactly once"
+            );
+            let held = running.iter().filter(|slot| slot.is_held()).count() as u64;
+            assert_eq!(
+                s.in_flight,
+                held + s.granted_unclaimed,
+                "every slot has one holder"
+            );
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Conversion of user-supplied arguments, with messages that name the argument and show the
+//! bad value. Counts accept ints, integral floats and integer strings (as configuration files
+//! and CLIs give them); booleans, fractions and anything else are refused.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+use super::errors::config_error;
+use crate::core::policy::{check_count, check_threshold, Overflow};
+
+fn repr(value: &Bound<'_, PyAny>) -> String {
+    value
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unrepresentable>".to_owned())
+}
+
+fn not_an_integer(arg: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    PyValueError::new_err(format!("{arg} must be an integer, got {}", repr(value)))
+}
+
+/// A count in `0..=2**31-1`.
+pub fn count(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<u32> {
+    let as_int: i64 = if value.is_instance_of::<PyBool>() {
+        return Err(not_an_integer(arg, value));
+    } else if value.is_instance_of::<PyInt>() {
+        match value.extract::<i64>() {
+            Ok(v) => v,
+            // Beyond i64: certainly beyond the limit; report it with its Python repr.
+            Err(_) => {
+                let sign = value.lt(0i64).unwrap_or(false);
+                let limit = if sign {
+                    "must be >= 0"
+                } else {
+                    "must be <= 2147483647"
+                };
+                return Err(PyValueError::new_err(format!(
+                    "{arg} {limit}, got {}",
+                    repr(value)
+                )));
+            }
+        }
+    } else if value.is_instance_of::<PyFloat>() {
+        let f: f64 = value.extract()?;
+        if !f.is_finite() || f.fract() != 0.0 {
+            return Err(not_an_integer(arg, value));
+        }
+        if f.abs() > 1e15 {
+            return Err(PyValueError::new_err(format!(
+                "{arg} must be <= 2147483647, got {}",
+                repr(value)
+            )));
+        }
+        f as i64
+    } else if let Ok(text) = value.cast::<PyString>() {
+        let text = text.to_str()?;
+        text.trim()
+            .parse::<i64>()
+            .map_err(|_| not_an_integer(arg, value))?
+    } else if value.hasattr("__index__")? {
+        value
+            .call_method0("__index__")?
+            .extract::<i64>()
+            .map_err(|_| not_an_integer(arg, value))?
+    } else {
+        return Err(not_an_integer(arg, value));
+    };
+    check_count(arg, as_int).map_err(config_error)
+}
+
+/// A finite threshold `>= 0`; `None` means 0 (unset).
+pub fn threshold(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if value.is_none() {
+        return Ok(0.0);
+    }
+    let not_a_number =
+        || PyValueError::new_err(format!("{arg} must be a number, got {}", repr(value)));
+    let as_float: f64 = if value.is_instance_of::<PyBool>() {
+        return Err(not_a_number());
+    } else if value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>() {
+        value.extract().map_err(|_| not_a_number())?
+    } else if let Ok(text) = value.cast::<PyString>() {
+        text.to_str()?
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| not_a_number())?
+    } else if value.hasattr("__float__")? {
+        value
+            .call_method0("__float__")?
+            .extract()
+            .map_err(|_| not_a_number())?
+    } else {
+        return Err(not_a_number());
+    };
+    check_threshold(arg, as_float).map_err(config_error)
+}
+
+/// An overflow policy name; `None` or empty means `reject`.
+pub fn overflow(value: &Bound<'_, PyAny>) -> PyResult<Overflow> {
+    if value.is_none() {
+        return Ok(Overflow::Reject);
+    }
+    match value.cast::<PyString>() {
+        Ok(text) => Overflow::parse(text.to_str()?).map_err(|_| {
+            PyValueError::new_err(format!(
+                "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {}",
+                repr(value)
+            ))
+        }),
+        Err(_) => Err(PyValueError::new_err(format!(
+            "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {}",
+            repr(value)
+        ))),
+    }
+}
+
+/// A keyword argument that tells "not given" (`Arg(None)`, the signature default) from an
+/// explicit `None`, which PyO3's `Option` cannot.
+pub struct Arg(pub Option<Py<PyAny>>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Arg {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> Result<Self, Self::Error> {
+        Ok(Arg(Some(obj.to_owned().unbind())))
+    }
+}
+
+impl Arg {
+    /// A count: 0 when not given.
+    pub fn count(&self, py: Python<'_>, arg: &'static str) -> PyResult<u32> {
+        match &self.0 {
+            None => Ok(0),
+            Some(value) => count(arg, value.bind(py)),
+        }
+    }
+
+    /// A threshold: 0.0 when not given or `None`.
+    pub fn threshold(&self, py: Python<'_>, arg: &'static str) -> PyResult<f64> {
+        match &self.0 {
+            None => Ok(0.0),
+            Some(value) => threshold(arg, value.bind(py)),
+        }
+    }
+
+    /// An overflow policy: `reject` when not given or `None`.
+    pub fn overflow(&self, py: Python<'_>) -> PyResult<Overflow> {
+        match &self.0 {
+            None => Ok(Overflow::Reject),
+            Some(value) => overflow(value.bind(py)),
+        }
+    }
+}

@@ -1,0 +1,1193 @@
+//! `AdmissionGate` and the awaitables that make `async with gate.admit(...)` work.
+//!
+//! The fast path (a free slot) runs entirely inside `__aenter__`: one lock of the core, and
+//! the shared, already-finished [`Ready`] awaitable is returned, so no event-loop callback is
+//! scheduled and no thread is crossed. A turn that must wait gets a [`Wait`]: an awaitable
+//! that yields an asyncio future created on the caller's own loop. Whoever frees a slot
+//! resolves that future (directly on the loop's thread, with `call_soon_threadsafe` from any
+//! other), after the core's lock is released. A wait that is cancelled, closed or dropped
+//! withdraws from the core, which hands on any slot it had been granted in the meantime.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PyType};
+
+use super::args;
+use super::errors::guard;
+use super::policy::{decision_from, rss_of, PyConcurrencyLimitPolicy, PyMemoryPressurePolicy};
+use crate::core::rss::RssSampler;
+use crate::core::{
+    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, MemoryPressure, Overflow,
+    Registered, TurnSlot, WaiterKey, Waker,
+};
+
+type Core = Gate<PyWaker>;
+
+/// The monotonic clock the core is given (it never reads one itself).
+fn now() -> Duration {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed()
+}
+
+/// Every live gate, so `fork()` can empty them in the child.
+static GATES: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+
+/// Empties every gate in a freshly forked child: the parent's turns are not the child's.
+///
+/// Safe to take the cores' locks here: every core operation runs while its thread is
+/// attached to the interpreter, and `os.fork()` is called by an attached thread, so no other
+/// thread was inside a core operation when the process forked.
+#[pyfunction]
+pub fn _reset_after_fork() {
+    let gates: Vec<Arc<Core>> = GATES.lock().iter().filter_map(Weak::upgrade).collect();
+    for gate in gates {
+        // Dropped, not woken: the futures belong to the parent's event loops.
+        drop(gate.reset());
+    }
+}
+
+static REJECTION_CLASS: Mutex<Option<Py<PyType>>> = Mutex::new(None);
+static DEFAULT_REJECTION: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn default_rejection_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    DEFAULT_REJECTION.import(py, "admitgate._errors", "AdmissionRejected")
+}
+
+/// The exception class the gate raises for a rejected or shed turn.
+#[pyfunction]
+pub fn _rejection_class(py: Python<'_>) -> PyResult<Py<PyType>> {
+    if let Some(cls) = REJECTION_CLASS.lock().as_ref() {
+        return Ok(cls.clone_ref(py));
+    }
+    Ok(default_rejection_class(py)?.clone().unbind())
+}
+
+/// Makes the gate raise `cls` (a subclass of `admitgate.AdmissionRejected`); `None`
+/// restores the default. Used by `admitgate.praisonai.install()`.
+#[pyfunction]
+#[pyo3(signature = (cls))]
+pub fn _set_rejection_class(py: Python<'_>, cls: Option<Bound<'_, PyType>>) -> PyResult<()> {
+    if let Some(cls) = &cls {
+        if !cls.is_subclass(default_rejection_class(py)?)? {
+            return Err(PyTypeError::new_err(format!(
+                "cls must be a subclass of admitgate.AdmissionRejected, got {}",
+                cls.repr()?
+            )));
+        }
+    }
+    *REJECTION_CLASS.lock() = cls.map(Bound::unbind);
+    Ok(())
+}
+
+fn rejection(py: Python<'_>, reason: &str) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let cls = _rejection_class(py)?;
+        let exc = cls.bind(py).call0()?;
+        exc.setattr("reason", reason)?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|err| err)
+}
+
+static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    LOGGER
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(
+                py.import("logging")?
+                    .call_method1("getLogger", ("admitgate",))?
+                    .unbind(),
+            )
+        })
+        .map(|l| l.bind(py))
+}
+
+fn log(py: Python<'_>, level: &str, message: String) {
+    if let Ok(logger) = logger(py) {
+        // Logging must never break admission; a broken handler is Python's to report.
+        let _ = logger.call_method1(level, (message,));
+    }
+}
+
+static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn running_loop(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
+    let get = GET_RUNNING_LOOP.import(py, "asyncio.events", "_get_running_loop")?;
+    let current = get.call0()?;
+    Ok((!current.is_none()).then_some(current))
+}
+
+static HUMAN_WAIT_SCOPE: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+
+/// praisonaiagents' `HUMAN_WAIT_SCOPE` context variable, when it can be imported.
+fn human_wait_scope(py: Python<'_>) -> Option<&Bound<'_, PyAny>> {
+    HUMAN_WAIT_SCOPE
+        .get_or_init(py, || {
+            py.import("praisonaiagents.approval.registry")
+                .and_then(|m| m.getattr("HUMAN_WAIT_SCOPE"))
+                .map(Bound::unbind)
+                .ok()
+        })
+        .as_ref()
+        .map(|v| v.bind(py))
+}
+
+/// Resolves a waiter's future on its own loop (scheduled with `call_soon_threadsafe`).
+#[pyfunction]
+pub fn _resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
+    // A cancelled future is left alone: its owner's cancellation hands the slot on.
+    if !fut.call_method0("done")?.is_truthy()? {
+        fut.call_method1("set_result", (true,))?;
+    }
+    Ok(())
+}
+
+/// Wakes one waiting turn by resolving its future on its own event loop.
+pub struct PyWaker {
+    fut: Py<PyAny>,
+    event_loop: Py<PyAny>,
+    key: WaiterKey,
+    core: Arc<Core>,
+}
+
+impl PyWaker {
+    fn wake_on_loop(&self, py: Python<'_>) -> PyResult<bool> {
+        let fut = self.fut.bind(py);
+        let event_loop = self.event_loop.bind(py);
+        if let Some(current) = running_loop(py)? {
+            if current.is(event_loop) {
+                _resolve_waiter(fut)?;
+                return Ok(true);
+            }
+        }
+        // The loop can close between this check and the call: both are handled.
+        if event_loop.call_method0("is_closed")?.is_truthy()? {
+            return Ok(false);
+        }
+        let resolve = pyo3::wrap_pyfunction!(_resolve_waiter, py)?;
+        Ok(event_loop
+            .call_method1("call_soon_threadsafe", (resolve, fut))
+            .is_ok())
+    }
+}
+
+impl Waker for PyWaker {
+    fn wake(self) {
+        Python::attach(|py| {
+            if !self.wake_on_loop(py).unwrap_or(false) {
+                // Nobody can run this turn any more (its loop is gone): withdraw it, which
+                // hands the slot it was just given to the next waiter.
+                log(
+                    py,
+                    "warning",
+                    "AdmissionGate: a waiting turn's event loop is closed; its slot goes to the next waiter".into(),
+                );
+                let (_, wakes) = self.core.cancel(self.key);
+                wakes.run();
+            }
+        })
+    }
+}
+
+/// An awaitable that is already finished: what `__aenter__`/`__aexit__` return on the fast
+/// path. Stateless, so one instance serves every caller.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct Ready;
+
+static READY: PyOnceLock<Py<Ready>> = PyOnceLock::new();
+
+fn ready(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    Ok(READY
+        .get_or_try_init(py, || Py::new(py, Ready))?
+        .clone_ref(py)
+        .into_any())
+}
+
+#[pymethods]
+impl Ready {
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self) -> Option<Py<PyAny>> {
+        None
+    }
+
+    #[pyo3(signature = (_value))]
+    fn send(&self, _value: &Bound<'_, PyAny>) -> Option<Py<PyAny>> {
+        None
+    }
+
+    #[pyo3(signature = (typ, val=None, _tb=None))]
+    fn throw(
+        &self,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        Err(thrown(typ, val))
+    }
+
+    fn close(&self) {}
+}
+
+/// The exception `throw(typ, val)` asks to raise.
+fn thrown(typ: &Bound<'_, PyAny>, val: Option<&Bound<'_, PyAny>>) -> PyErr {
+    if let Ok(cls) = typ.cast::<PyType>() {
+        let args = val
+            .map(|v| v.clone().unbind())
+            .unwrap_or_else(|| typ.py().None());
+        match cls.call1((args,)) {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(err) => err,
+        }
+    } else {
+        PyErr::from_value(typ.clone())
+    }
+}
+
+/// Which resource policy the gate consults.
+enum ResourcePolicy {
+    None,
+    /// admitgate's own `MemoryPressurePolicy`: evaluated in Rust.
+    Native(MemoryPressure),
+    /// Any object with `evaluate(sample)` (and optionally `enabled`).
+    Foreign(Py<PyAny>),
+}
+
+/// Where samples come from.
+enum Sampler {
+    None,
+    Builtin(Py<PyRssSampler>),
+    /// Any object with `read()` returning something with `rss_mb`.
+    Foreign(Py<PyAny>),
+}
+
+struct Resources {
+    policy: ResourcePolicy,
+    policy_object: Option<Py<PyAny>>,
+    sampler: Sampler,
+}
+
+/// Gateway-wide admission gate: a concurrency ceiling, a bounded FIFO wait queue with
+/// per-scope lanes, overflow policies and memory-aware admission. Thread-safe; one gate
+/// may serve several event loops at once.
+#[pyclass(frozen, subclass, module = "admitgate", name = "AdmissionGate")]
+pub struct PyAdmissionGate {
+    core: Arc<Core>,
+    limits: ConcurrencyLimit,
+    policy: Option<Py<PyAny>>,
+    /// The policy is admitgate's own: decide in Rust, from the live facts, under the lock.
+    native_policy: bool,
+    resources: RwLock<Resources>,
+    warned_policy: AtomicBool,
+    warned_resource: AtomicBool,
+}
+
+fn read_limit(policy: &Bound<'_, PyAny>, attr: &'static str) -> PyResult<u32> {
+    match policy.getattr(attr) {
+        Ok(value) if value.is_none() => Ok(0),
+        Ok(value) if value.is_instance_of::<pyo3::types::PyInt>() && !value.is_truthy()? => Ok(0),
+        Ok(value) => args::count(attr, &value),
+        Err(_) => Ok(0),
+    }
+}
+
+impl PyAdmissionGate {
+    fn resource_enabled(&self, py: Python<'_>) -> bool {
+        let resources = self.resources.read();
+        if matches!(resources.sampler, Sampler::None) {
+            return false;
+        }
+        match &resources.policy {
+            ResourcePolicy::None => false,
+            ResourcePolicy::Native(ladder) => ladder.enabled(),
+            ResourcePolicy::Foreign(policy) => match policy.bind(py).getattr("enabled") {
+                Ok(enabled) => enabled.is_truthy().unwrap_or(true),
+                Err(_) => true,
+            },
+        }
+    }
+
+    fn is_enabled(&self, py: Python<'_>) -> bool {
+        (self.policy.is_some() && self.limits.max_concurrent_runs > 0) || self.resource_enabled(py)
+    }
+
+    fn warn_once(&self, py: Python<'_>, flag: &AtomicBool, message: String) {
+        if !flag.swap(true, Ordering::Relaxed) {
+            log(py, "warning", message);
+        }
+    }
+
+    /// The memory-pressure decision for one turn. Never fails: a broken sampler or policy
+    /// is logged once and admits, as the reference does (the concurrency ceiling still holds).
+    fn resource_decision(&self, py: Python<'_>) -> Decision {
+        if !self.resource_enabled(py) {
+            return Decision::Admit;
+        }
+        let (native, policy, sampler) = {
+            let resources = self.resources.read();
+            let native = match &resources.policy {
+                ResourcePolicy::Native(ladder) => Some(*ladder),
+                _ => None,
+            };
+            let policy = match &resources.policy {
+                ResourcePolicy::Foreign(p) => Some(p.clone_ref(py)),
+                _ => None,
+            };
+            let sampler = match &resources.sampler {
+                Sampler::Builtin(s) => Ok(s.clone_ref(py)),
+                Sampler::Foreign(s) => Err(Some(s.clone_ref(py))),
+                Sampler::None => Err(None),
+            };
+            (native, policy, sampler)
+        };
+        if let (Some(ladder), Ok(builtin)) = (native, &sampler) {
+            return ladder.evaluate(builtin.get().read_mb(py));
+        }
+        let outcome = (|| -> PyResult<Decision> {
+            let sample = match &sampler {
+                Ok(builtin) => builtin.get().sample(py)?,
+                Err(Some(foreign)) => foreign.bind(py).call_method0("read")?,
+                Err(None) => return Ok(Decision::Admit),
+            };
+            match (native, policy) {
+                (Some(ladder), _) => Ok(ladder.evaluate(rss_of(&sample)?)),
+                (None, Some(policy)) => {
+                    let answer = policy.bind(py).call_method1("evaluate", (sample,))?;
+                    decision_from(&answer).ok_or_else(|| {
+                        PyTypeError::new_err(format!(
+                            "evaluate() returned {}, not an AdmissionDecision",
+                            answer.repr().map(|r| r.to_string()).unwrap_or_default()
+                        ))
+                    })
+                }
+                (None, None) => Ok(Decision::Admit),
+            }
+        })();
+        outcome.unwrap_or_else(|err| {
+            self.warn_once(
+                py,
+                &self.warned_resource,
+                format!("AdmissionGate: resource policy failed ({err}); admitting"),
+            );
+            Decision::Admit
+        })
+    }
+
+    /// A foreign policy's decision from the current facts; a policy that raises or answers
+    /// garbage is logged once and treated as admit (the gate's mechanism still holds).
+    fn foreign_decision(
+        &self,
+        py: Python<'_>,
+        policy: &Bound<'_, PyAny>,
+        session_id: &Bound<'_, PyAny>,
+        scope: Option<&str>,
+    ) -> Decision {
+        let outcome = (|| -> PyResult<Decision> {
+            let facts = self.core.facts(scope);
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("in_flight", facts.in_flight)?;
+            kwargs.set_item("queued", facts.queued)?;
+            kwargs.set_item("session_id", session_id)?;
+            let scope_arg = if self.limits.max_per_scope > 0 {
+                session_id.clone()
+            } else {
+                PyString::new(py, "").into_any()
+            };
+            kwargs.set_item("scope", scope_arg)?;
+            kwargs.set_item("scope_in_flight", facts.scope_in_flight)?;
+            kwargs.set_item("scope_queued", facts.scope_queued)?;
+            let answer = policy.call_method("decide", (), Some(&kwargs))?;
+            decision_from(&answer).ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "decide() returned {}, not an AdmissionDecision",
+                    answer.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            })
+        })();
+        outcome.unwrap_or_else(|err| {
+            self.warn_once(
+                py,
+                &self.warned_policy,
+                format!("AdmissionGate: policy.decide failed ({err}); admitting"),
+            );
+            Decision::Admit
+        })
+    }
+
+    /// The pressure to remember when a turn ends: only when it costs nothing to know.
+    fn release_pressure(&self, py: Python<'_>) -> Option<Decision> {
+        let resources = self.resources.read();
+        match (&resources.policy, &resources.sampler) {
+            (ResourcePolicy::Native(ladder), Sampler::Builtin(sampler)) if ladder.enabled() => {
+                Some(ladder.evaluate(sampler.get().read_mb(py)))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[pymethods]
+impl PyAdmissionGate {
+    #[new]
+    #[pyo3(signature = (policy, *, resource_policy=None, resource_sampler=None))]
+    fn new(
+        py: Python<'_>,
+        policy: Option<Bound<'_, PyAny>>,
+        resource_policy: Option<Bound<'_, PyAny>>,
+        resource_sampler: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        guard(|| {
+            let (limits, native_policy) = match &policy {
+                None => (
+                    ConcurrencyLimit {
+                        max_concurrent_runs: 0,
+                        queue_depth: 0,
+                        overflow: Overflow::Reject,
+                        max_per_scope: 0,
+                    },
+                    false,
+                ),
+                Some(p) => match p.cast::<PyConcurrencyLimitPolicy>() {
+                    // Exactly ours (not a subclass, which may override decide in Python).
+                    Ok(ours) if p.get_type().is(py.get_type::<PyConcurrencyLimitPolicy>()) => {
+                        (ours.get().limit, true)
+                    }
+                    _ => {
+                        let overflow = match p.getattr("overflow_policy") {
+                            Ok(v) if !v.is_truthy()? => Overflow::Reject,
+                            Ok(v) => args::overflow(&v)?,
+                            Err(_) => Overflow::Reject,
+                        };
+                        (
+                            ConcurrencyLimit {
+                                max_concurrent_runs: read_limit(p, "max_concurrent_runs")?,
+                                queue_depth: read_limit(p, "queue_depth")?,
+                                overflow,
+                                max_per_scope: read_limit(p, "max_concurrent_runs_per_scope")?,
+                            },
+                            false,
+                        )
+                    }
+                },
+            };
+            let resource = match &resource_policy {
+                None => ResourcePolicy::None,
+                Some(rp) => match rp.cast::<PyMemoryPressurePolicy>() {
+                    Ok(ours) if rp.get_type().is(py.get_type::<PyMemoryPressurePolicy>()) => {
+                        ResourcePolicy::Native(ours.get().ladder)
+                    }
+                    _ => {
+                        if !rp.hasattr("evaluate")? {
+                            return Err(PyTypeError::new_err(format!(
+                                "resource_policy must have an evaluate(sample) method, got {}",
+                                rp.repr()?
+                            )));
+                        }
+                        ResourcePolicy::Foreign(rp.clone().unbind())
+                    }
+                },
+            };
+            let sampler = match (&resource_sampler, &resource_policy) {
+                (Some(s), _) => {
+                    if !s.hasattr("read")? {
+                        return Err(PyTypeError::new_err(format!(
+                            "resource_sampler must have a read() method, got {}",
+                            s.repr()?
+                        )));
+                    }
+                    Sampler::Foreign(s.clone().unbind())
+                }
+                (None, Some(_)) => Sampler::Builtin(Py::new(py, PyRssSampler::new())?),
+                (None, None) => Sampler::None,
+            };
+            let core = Arc::new(Gate::new(limits));
+            {
+                let mut gates = GATES.lock();
+                gates.retain(|g| g.strong_count() > 0);
+                gates.push(Arc::downgrade(&core));
+            }
+            Ok(Self {
+                core,
+                limits,
+                policy: policy.map(Bound::unbind),
+                native_policy,
+                resources: RwLock::new(Resources {
+                    policy: resource,
+                    policy_object: resource_policy.map(Bound::unbind),
+                    sampler,
+                }),
+                warned_policy: AtomicBool::new(false),
+                warned_resource: AtomicBool::new(false),
+            })
+        })
+    }
+
+    /// Admits (or sheds) one turn: `async with gate.admit(session_id=...)`. Raises
+    /// `AdmissionRejected` on entry when the turn is rejected or evicted while waiting.
+    #[pyo3(signature = (*, session_id=None))]
+    fn admit(slf: &Bound<'_, Self>, session_id: Option<Bound<'_, PyAny>>) -> PyResult<Admission> {
+        let py = slf.py();
+        let session_id = match session_id {
+            None => PyString::intern(py, "").into_any().unbind(),
+            Some(s) if s.is_instance_of::<PyString>() => s.unbind(),
+            Some(s) if s.is_none() => PyString::intern(py, "").into_any().unbind(),
+            Some(s) => {
+                return Err(PyTypeError::new_err(format!(
+                    "session_id must be a str, got {}",
+                    s.repr()?
+                )))
+            }
+        };
+        Ok(Admission {
+            gate: slf.clone().unbind(),
+            session_id,
+            state: Mutex::new(AdmissionState::Fresh),
+        })
+    }
+
+    /// Whether the gate is active: a ceiling is set, or a memory-pressure policy with a
+    /// threshold is.
+    #[getter]
+    fn enabled(&self, py: Python<'_>) -> bool {
+        self.is_enabled(py)
+    }
+
+    /// Turns holding a run slot (including turns granted one that have not started yet).
+    #[getter]
+    fn in_flight(&self) -> u64 {
+        self.core.stats(now()).in_flight
+    }
+
+    /// Turns waiting for a slot.
+    #[getter]
+    fn queued(&self) -> u64 {
+        self.core.stats(now()).queued
+    }
+
+    /// Turns that started running.
+    #[getter]
+    fn admitted(&self) -> u64 {
+        self.core.stats(now()).admitted
+    }
+
+    /// Turns refused on arrival.
+    #[getter]
+    fn rejected(&self) -> u64 {
+        self.core.stats(now()).rejected
+    }
+
+    /// Waiters evicted by `shed_oldest`.
+    #[getter]
+    fn shed(&self) -> u64 {
+        self.core.stats(now()).shed
+    }
+
+    /// Turns withdrawn while queued (cancelled, timed out, their loop closed), or cancelled
+    /// between being granted a slot and starting.
+    #[getter]
+    fn cancelled(&self) -> u64 {
+        self.core.stats(now()).cancelled
+    }
+
+    /// Admitted turns parked on a human approval, not holding a slot.
+    #[getter]
+    fn awaiting_human(&self) -> u64 {
+        self.core.stats(now()).awaiting_human
+    }
+
+    /// A snapshot of the counters, with the reference's keys (plus `cancelled`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        guard(|| {
+            let s = self.core.stats(now());
+            let max_rss_mb = match &self.resources.read().policy_object {
+                Some(p) => p
+                    .bind(py)
+                    .getattr("hard_rss_mb")
+                    .ok()
+                    .filter(|v| v.is_truthy().unwrap_or(false))
+                    .and_then(|v| v.extract::<f64>().ok())
+                    .unwrap_or(0.0),
+                None => 0.0,
+            };
+            let d = PyDict::new(py);
+            d.set_item("max_concurrent_runs", self.limits.max_concurrent_runs)?;
+            d.set_item("max_concurrent_runs_per_scope", self.limits.max_per_scope)?;
+            d.set_item("queue_depth", self.limits.queue_depth)?;
+            d.set_item("in_flight", s.in_flight)?;
+            d.set_item("queued", s.queued)?;
+            d.set_item("awaiting_human", s.awaiting_human)?;
+            d.set_item("admitted", s.admitted)?;
+            d.set_item("rejected", s.rejected)?;
+            d.set_item("shed", s.shed)?;
+            d.set_item("max_rss_mb", max_rss_mb)?;
+            d.set_item("cancelled", s.cancelled)?;
+            Ok(d)
+        })
+    }
+
+    /// The most turns that were ever in flight at once.
+    #[getter]
+    fn peak_in_flight(&self) -> u64 {
+        self.core.stats(now()).peak_in_flight
+    }
+
+    /// Seconds the oldest waiter has waited, or `None` when nobody waits.
+    #[getter]
+    fn oldest_wait_seconds(&self) -> Option<f64> {
+        self.core.stats(now()).oldest_wait.map(|d| d.as_secs_f64())
+    }
+
+    /// The concurrency policy the gate was built with (`None` for a resource-only gate).
+    #[getter]
+    fn policy(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.policy.as_ref().map(|p| p.clone_ref(py))
+    }
+
+    /// The memory-pressure policy, or `None`.
+    #[getter]
+    fn _resource_policy(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.resources
+            .read()
+            .policy_object
+            .as_ref()
+            .map(|p| p.clone_ref(py))
+    }
+
+    /// The sampler consulted on every decision (the built-in one unless replaced).
+    #[getter]
+    fn _resource_sampler(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        match &self.resources.read().sampler {
+            Sampler::None => None,
+            Sampler::Builtin(s) => Some(s.clone_ref(py).into_any()),
+            Sampler::Foreign(s) => Some(s.clone_ref(py)),
+        }
+    }
+
+    /// Replaces the sampler (as PraisonAI's own tests do); `None` removes it.
+    #[setter(_resource_sampler)]
+    fn set_resource_sampler(&self, sampler: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let new = match sampler {
+            None => Sampler::None,
+            Some(s) => match s.cast::<PyRssSampler>() {
+                Ok(builtin) => Sampler::Builtin(builtin.clone().unbind()),
+                Err(_) => {
+                    if !s.hasattr("read")? {
+                        return Err(PyTypeError::new_err(format!(
+                            "resource_sampler must have a read() method, got {}",
+                            s.repr()?
+                        )));
+                    }
+                    Sampler::Foreign(s.unbind())
+                }
+            },
+        };
+        self.resources.write().sampler = new;
+        Ok(())
+    }
+
+    /// Evicts the oldest live waiter (it gets `AdmissionRejected` and counts as shed);
+    /// `False` when nobody waits.
+    fn _shed_oldest_waiter(&self) -> PyResult<bool> {
+        guard(|| {
+            let (evicted, wakes) = self.core.shed_oldest_waiter();
+            wakes.run();
+            Ok(evicted)
+        })
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let s = self.core.stats(now());
+        format!(
+            "<AdmissionGate enabled={} max_concurrent_runs={} queue_depth={} overflow_policy={:?} max_concurrent_runs_per_scope={} in_flight={} queued={}>",
+            if self.is_enabled(py) { "True" } else { "False" },
+            self.limits.max_concurrent_runs,
+            self.limits.queue_depth,
+            self.limits.overflow.as_str(),
+            self.limits.max_per_scope,
+            s.in_flight,
+            s.queued
+        )
+    }
+}
+
+/// Panics inside the gate's lock, to prove a Rust panic surfaces as `InternalError` and the
+/// gate stays usable. For admitgate's own tests.
+#[pyfunction]
+pub fn _panic_inside_gate(gate: &Bound<'_, PyAdmissionGate>) -> PyResult<()> {
+    guard(|| {
+        let (_, wakes) = gate
+            .get()
+            .core
+            .with(|_, _| -> () { panic!("deliberate panic for a test") });
+        wakes.run();
+        Ok(())
+    })
+}
+
+enum AdmissionState {
+    Fresh,
+    /// The gate is disabled: nothing to release.
+    PassThrough,
+    Waiting,
+    Entered {
+        slot: Arc<TurnSlot>,
+        token: Option<Py<PyAny>>,
+    },
+    Done,
+}
+
+/// One turn's passage through the gate: the async context manager `gate.admit()` returns.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct Admission {
+    gate: Py<PyAdmissionGate>,
+    session_id: Py<PyAny>,
+    state: Mutex<AdmissionState>,
+}
+
+impl Admission {
+    /// The turn holds a slot: bind the human-wait hook and remember what to release.
+    fn enter(&self, py: Python<'_>, scope: Option<Arc<str>>) -> PyResult<()> {
+        let slot = Arc::new(TurnSlot::new(scope));
+        let token = match human_wait_scope(py) {
+            Some(var) => {
+                let factory = Py::new(
+                    py,
+                    HumanWaitFactory {
+                        slot: slot.clone(),
+                        core: self.gate.get().core.clone(),
+                    },
+                )?;
+                Some(var.call_method1("set", (factory,))?.unbind())
+            }
+            None => None,
+        };
+        *self.state.lock() = AdmissionState::Entered { slot, token };
+        Ok(())
+    }
+
+    fn arrive(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        {
+            let mut state = this.state.lock();
+            if !matches!(*state, AdmissionState::Fresh) {
+                return Err(PyRuntimeError::new_err(
+                    "this admission was already entered; call gate.admit() for each turn",
+                ));
+            }
+            *state = AdmissionState::Waiting;
+        }
+        let gate = this.gate.get();
+        if !gate.is_enabled(py) {
+            *this.state.lock() = AdmissionState::PassThrough;
+            return ready(py);
+        }
+        let session_id = this.session_id.bind(py);
+        let session: &str = session_id.cast::<PyString>()?.to_str()?;
+        let scope = (gate.limits.max_per_scope > 0 && !session.is_empty()).then_some(session);
+        let resource = gate.resource_decision(py);
+        let decided = match (&gate.policy, gate.native_policy) {
+            (Some(policy), false) => {
+                Some(gate.foreign_decision(py, policy.bind(py), session_id, scope))
+            }
+            _ => None,
+        };
+        let (arrival, wakes) = gate.core.arrive(scope, decided, resource, now());
+        wakes.run();
+        match arrival {
+            Arrival::Admitted(scope) => {
+                this.enter(py, scope)?;
+                ready(py)
+            }
+            Arrival::Rejected(reason) => {
+                *this.state.lock() = AdmissionState::Done;
+                let s = gate.core.stats(now());
+                log(
+                    py,
+                    "info",
+                    format!(
+                        "AdmissionGate: rejecting turn ({}; in_flight={} queued={} max={}) session={}",
+                        reason.as_str(),
+                        s.in_flight,
+                        s.queued,
+                        gate.limits.max_concurrent_runs,
+                        if session.is_empty() { "-" } else { session }
+                    ),
+                );
+                Err(rejection(py, reason.as_str()))
+            }
+            Arrival::Queued(key) => Ok(Py::new(
+                py,
+                Wait {
+                    admission: slf.clone().unbind(),
+                    core: gate.core.clone(),
+                    key,
+                    state: Mutex::new(WaitState {
+                        fut: None,
+                        done: false,
+                    }),
+                },
+            )?
+            .into_any()),
+        }
+    }
+
+    fn leave(&self, py: Python<'_>) -> PyResult<()> {
+        let previous = std::mem::replace(&mut *self.state.lock(), AdmissionState::Done);
+        if let AdmissionState::Entered { slot, token } = previous {
+            let gate = self.gate.get();
+            if let (Some(token), Some(var)) = (token, human_wait_scope(py)) {
+                // Exited in another context (the body handed the turn to another task):
+                // the variable cannot be reset there, and nothing depends on it after exit.
+                let _ = var.call_method1("reset", (token,));
+            }
+            slot.close(&gate.core, gate.release_pressure(py)).run();
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Admission {
+    fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        guard(|| Self::arrive(slf))
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __aexit__(
+        &self,
+        py: Python<'_>,
+        _exc: &Bound<'_, pyo3::types::PyTuple>,
+    ) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            self.leave(py)?;
+            ready(py)
+        })
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        // A turn abandoned without __aexit__ (its coroutine was never finished) still
+        // returns its slot exactly once.
+        if let AdmissionState::Entered { slot, .. } =
+            std::mem::replace(self.state.get_mut(), AdmissionState::Done)
+        {
+            Python::attach(|_| slot.close(&self.gate.get().core, None).run());
+        }
+    }
+}
+
+struct WaitState {
+    fut: Option<Py<PyAny>>,
+    done: bool,
+}
+
+/// A queued turn's awaitable: yields a future on the caller's loop until a slot is granted
+/// (or the turn is shed); withdraws from the queue if cancelled, closed or dropped.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct Wait {
+    admission: Py<Admission>,
+    core: Arc<Core>,
+    key: WaiterKey,
+    state: Mutex<WaitState>,
+}
+
+impl Wait {
+    fn step(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if self.state.lock().done {
+            return Err(PyRuntimeError::new_err(
+                "cannot reuse an already awaited admission",
+            ));
+        }
+        loop {
+            let (claim, wakes) = self.core.claim(self.key);
+            wakes.run();
+            match claim {
+                Claim::Admitted(scope) => {
+                    self.state.lock().done = true;
+                    self.admission.get().enter(py, scope)?;
+                    return Ok(None);
+                }
+                Claim::Shed => {
+                    self.state.lock().done = true;
+                    *self.admission.get().state.lock() = AdmissionState::Done;
+                    return Err(rejection(py, "shed"));
+                }
+                Claim::Unknown => {
+                    self.state.lock().done = true;
+                    *self.admission.get().state.lock() = AdmissionState::Done;
+                    return Err(PyRuntimeError::new_err(
+                        "this turn's wait was withdrawn because its event loop closed",
+                    ));
+                }
+                Claim::Waiting => {}
+            }
+            let pending = {
+                let state = self.state.lock();
+                state.fut.as_ref().map(|f| f.clone_ref(py))
+            };
+            if let Some(fut) = pending {
+                if !fut.bind(py).call_method0("done")?.is_truthy()? {
+                    fut.bind(py).setattr("_asyncio_future_blocking", true)?;
+                    return Ok(Some(fut));
+                }
+            }
+            let event_loop = match running_loop(py)? {
+                Some(l) => l,
+                None => {
+                    self.withdraw();
+                    *self.admission.get().state.lock() = AdmissionState::Done;
+                    return Err(PyRuntimeError::new_err(
+                        "gate.admit() must be awaited inside a running event loop",
+                    ));
+                }
+            };
+            let fut = event_loop.call_method0("create_future")?;
+            let waker = PyWaker {
+                fut: fut.clone().unbind(),
+                event_loop: event_loop.unbind(),
+                key: self.key,
+                core: self.core.clone(),
+            };
+            let (registered, _returned) = self.core.register(self.key, waker);
+            match registered {
+                Registered::Waiting => {
+                    fut.setattr("_asyncio_future_blocking", true)?;
+                    self.state.lock().fut = Some(fut.clone().unbind());
+                    return Ok(Some(fut.unbind()));
+                }
+                // Granted or shed in the meantime: loop round and claim it.
+                Registered::Settled | Registered::Unknown => continue,
+            }
+        }
+    }
+
+    /// Leaves the queue (or hands on a slot granted in the meantime). Idempotent.
+    fn withdraw(&self) -> Option<Cancelled> {
+        {
+            let mut state = self.state.lock();
+            if state.done {
+                return None;
+            }
+            state.done = true;
+        }
+        let (cancelled, wakes) = self.core.cancel(self.key);
+        wakes.run();
+        Some(cancelled)
+    }
+}
+
+#[pymethods]
+impl Wait {
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        guard(|| self.step(py))
+    }
+
+    #[pyo3(signature = (_value))]
+    fn send(&self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+        guard(|| self.step(py))
+    }
+
+    #[pyo3(signature = (typ, val=None, _tb=None))]
+    fn throw(
+        &self,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        guard(|| {
+            self.withdraw();
+            *self.admission.get().state.lock() = AdmissionState::Done;
+            Err(thrown(typ, val))
+        })
+    }
+
+    fn close(&self) -> PyResult<()> {
+        guard(|| {
+            self.withdraw();
+            *self.admission.get().state.lock() = AdmissionState::Done;
+            Ok(())
+        })
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        if !self.state.get_mut().done {
+            Python::attach(|_| {
+                self.withdraw();
+            });
+        }
+    }
+}
+
+/// What praisonaiagents' approval registry calls around a human wait: makes a
+/// [`HumanWait`] for the turn that is running.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct HumanWaitFactory {
+    slot: Arc<TurnSlot>,
+    core: Arc<Core>,
+}
+
+#[pymethods]
+impl HumanWaitFactory {
+    fn __call__(&self) -> HumanWait {
+        HumanWait {
+            slot: self.slot.clone(),
+            core: self.core.clone(),
+            entered: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A sync and async context manager around one human-approval wait: the turn's run slot is
+/// lent to the queue inside it and taken back (borrowed if none is free) on exit, without
+/// ever blocking. Safe from the turn's loop and from worker threads.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct HumanWait {
+    slot: Arc<TurnSlot>,
+    core: Arc<Core>,
+    entered: AtomicBool,
+}
+
+impl HumanWait {
+    fn suspend(&self) {
+        if !self.entered.swap(true, Ordering::AcqRel) {
+            self.slot.suspend(&self.core).run();
+        }
+    }
+
+    fn resume(&self) {
+        if self.entered.swap(false, Ordering::AcqRel) {
+            self.slot.resume(&self.core);
+        }
+    }
+}
+
+#[pymethods]
+impl HumanWait {
+    fn __enter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Self>> {
+        guard(|| {
+            slf.get().suspend();
+            Ok(slf.clone_ref(py))
+        })
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        guard(|| {
+            self.resume();
+            Ok(false)
+        })
+    }
+
+    fn __aenter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            self.suspend();
+            ready(py)
+        })
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __aexit__(
+        &self,
+        py: Python<'_>,
+        _exc: &Bound<'_, pyo3::types::PyTuple>,
+    ) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            self.resume();
+            ready(py)
+        })
+    }
+}
+
+static RESOURCE_SAMPLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// The built-in RSS sampler: live RSS, falling back to peak RSS, cached for 5 ms.
+#[pyclass(frozen, module = "admitgate", name = "RssSampler")]
+pub struct PyRssSampler {
+    sampler: Arc<RssSampler>,
+}
+
+static SAMPLERS: Mutex<Vec<Weak<RssSampler>>> = Mutex::new(Vec::new());
+
+/// Forgets cached readings in a forked child.
+#[pyfunction]
+pub fn _invalidate_samplers() {
+    for sampler in SAMPLERS.lock().iter().filter_map(Weak::upgrade) {
+        sampler.invalidate();
+    }
+}
+
+impl PyRssSampler {
+    fn new() -> Self {
+        let sampler = Arc::new(RssSampler::default());
+        let mut all = SAMPLERS.lock();
+        all.retain(|s| s.strong_count() > 0);
+        all.push(Arc::downgrade(&sampler));
+        Self { sampler }
+    }
+
+    /// RSS in MiB (or `None`), warning once when sampling turns out to be unavailable.
+    fn read_mb(&self, py: Python<'_>) -> Option<f64> {
+        let reading = self.sampler.read(now());
+        if reading.just_disabled {
+            log(
+                py,
+                "warning",
+                "AdmissionGate: resource sampling unavailable on this platform; memory-pressure admission disabled.".into(),
+            );
+        }
+        reading.rss_mb
+    }
+
+    fn sample<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let cls = RESOURCE_SAMPLE.import(py, "admitgate._types", "ResourceSample")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("rss_mb", self.read_mb(py))?;
+        cls.call((), Some(&kwargs))
+    }
+}
+
+#[pymethods]
+impl PyRssSampler {
+    #[new]
+    fn py_new() -> Self {
+        Self::new()
+    }
+
+    /// A `ResourceSample` of the process's RSS (`rss_mb=None` when unavailable).
+    fn read<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        guard(|| self.sample(py))
+    }
+
+    /// How stale a reading may be, in seconds.
+    #[getter]
+    fn interval_seconds(&self) -> f64 {
+        self.sampler.interval().as_secs_f64()
+    }
+
+    /// `"live"`, `"peak"` or `"unavailable"`.
+    #[getter]
+    fn source(&self) -> &'static str {
+        match self.sampler.source() {
+            crate::core::rss::RssSource::Live => "live",
+            crate::core::rss::RssSource::Peak => "peak",
+            crate::core::rss::RssSource::Unavailable => "unavailable",
+        }
+    }
+}

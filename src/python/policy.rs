@@ -1,0 +1,218 @@
+//! `ConcurrencyLimitPolicy` and `MemoryPressurePolicy`: the pure decisions, callable from
+//! Python with the reference's signatures. The gate does not call these methods on its fast
+//! path: it recognises its own policies and decides in Rust.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
+
+use super::args::Arg;
+use super::errors::{config_error, guard};
+use crate::core::policy::{ConcurrencyLimit, Decision, Facts, MemoryPressure};
+
+static DECISIONS: PyOnceLock<[Py<PyAny>; 3]> = PyOnceLock::new();
+
+/// The `AdmissionDecision` member for `decision`: praisonaiagents' own members when it is
+/// installed, so code comparing with `is` against its enum sees the same objects.
+pub fn decision_object(py: Python<'_>, decision: Decision) -> PyResult<Py<PyAny>> {
+    let members = DECISIONS.get_or_try_init(py, || -> PyResult<_> {
+        let members = py.import("admitgate._decision")?.call_method0("members")?;
+        let members = members.cast::<PyTuple>()?;
+        Ok([
+            members.get_item(0)?.unbind(),
+            members.get_item(1)?.unbind(),
+            members.get_item(2)?.unbind(),
+        ])
+    })?;
+    let index = match decision {
+        Decision::Admit => 0,
+        Decision::Queue => 1,
+        Decision::Reject => 2,
+    };
+    Ok(members[index].clone_ref(py))
+}
+
+/// Reads any decision object by its value: an `AdmissionDecision` of either package, a
+/// plain string, or an enum whose `.value` is one of them. `None` for anything else.
+pub fn decision_from(value: &Bound<'_, PyAny>) -> Option<Decision> {
+    if let Ok(text) = value.extract::<String>() {
+        return Decision::from_value(&text);
+    }
+    let inner = value.getattr("value").ok()?;
+    let text = inner.extract::<String>().ok()?;
+    Decision::from_value(&text)
+}
+
+/// Config-driven concurrency policy: a ceiling, a bounded wait queue, an overflow rule and
+/// an optional per-scope (per-tenant) sub-limit. Decides exactly as PraisonAI's
+/// `ConcurrencyLimitPolicy` does.
+#[pyclass(frozen, module = "admitgate", name = "ConcurrencyLimitPolicy")]
+pub struct PyConcurrencyLimitPolicy {
+    pub limit: ConcurrencyLimit,
+}
+
+#[pymethods]
+impl PyConcurrencyLimitPolicy {
+    #[new]
+    #[pyo3(signature = (max_concurrent_runs=Arg(None), queue_depth=Arg(None), overflow_policy=Arg(None), max_concurrent_runs_per_scope=Arg(None)))]
+    fn new(
+        py: Python<'_>,
+        max_concurrent_runs: Arg,
+        queue_depth: Arg,
+        overflow_policy: Arg,
+        max_concurrent_runs_per_scope: Arg,
+    ) -> PyResult<Self> {
+        guard(|| {
+            Ok(Self {
+                limit: ConcurrencyLimit {
+                    max_concurrent_runs: max_concurrent_runs.count(py, "max_concurrent_runs")?,
+                    queue_depth: queue_depth.count(py, "queue_depth")?,
+                    overflow: overflow_policy.overflow(py)?,
+                    max_per_scope: max_concurrent_runs_per_scope
+                        .count(py, "max_concurrent_runs_per_scope")?,
+                },
+            })
+        })
+    }
+
+    /// Ceiling on concurrent runs; 0 disables admission control.
+    #[getter]
+    fn max_concurrent_runs(&self) -> u32 {
+        self.limit.max_concurrent_runs
+    }
+
+    /// Turns that may wait before the overflow policy applies.
+    #[getter]
+    fn queue_depth(&self) -> u32 {
+        self.limit.queue_depth
+    }
+
+    /// `"reject"`, `"queue"` or `"shed_oldest"`.
+    #[getter]
+    fn overflow_policy(&self) -> &'static str {
+        self.limit.overflow.as_str()
+    }
+
+    /// Per-scope sub-limit within the ceiling; 0 disables it.
+    #[getter]
+    fn max_concurrent_runs_per_scope(&self) -> u32 {
+        self.limit.max_per_scope
+    }
+
+    /// Whether a ceiling is set.
+    #[getter]
+    fn enabled(&self) -> bool {
+        self.limit.enabled()
+    }
+
+    /// Decides for one turn from the live facts.
+    #[pyo3(signature = (*, in_flight, queued, session_id="", scope="", scope_in_flight=0, scope_queued=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        py: Python<'_>,
+        in_flight: u64,
+        queued: u64,
+        session_id: &str,
+        scope: &str,
+        scope_in_flight: u64,
+        scope_queued: u64,
+    ) -> PyResult<Py<PyAny>> {
+        let _ = session_id;
+        guard(|| {
+            let facts = Facts {
+                in_flight,
+                queued,
+                scope_in_flight,
+                scope_queued,
+            };
+            decision_object(py, self.limit.decide(&facts, !scope.is_empty()))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ConcurrencyLimitPolicy(max_concurrent_runs={}, queue_depth={}, overflow_policy={:?}, max_concurrent_runs_per_scope={})",
+            self.limit.max_concurrent_runs,
+            self.limit.queue_depth,
+            self.limit.overflow.as_str(),
+            self.limit.max_per_scope
+        )
+    }
+}
+
+/// The soft/hard RSS ladder: below soft admit, soft..hard queue, at or over hard reject.
+#[pyclass(frozen, module = "admitgate", name = "MemoryPressurePolicy")]
+pub struct PyMemoryPressurePolicy {
+    pub ladder: MemoryPressure,
+}
+
+#[pymethods]
+impl PyMemoryPressurePolicy {
+    #[new]
+    #[pyo3(signature = (soft_rss_mb=Arg(None), hard_rss_mb=Arg(None)))]
+    fn new(py: Python<'_>, soft_rss_mb: Arg, hard_rss_mb: Arg) -> PyResult<Self> {
+        guard(|| {
+            let soft = soft_rss_mb.threshold(py, "soft_rss_mb")?;
+            let hard = hard_rss_mb.threshold(py, "hard_rss_mb")?;
+            Ok(Self {
+                ladder: MemoryPressure::new(soft, hard).map_err(config_error)?,
+            })
+        })
+    }
+
+    /// Soft (queue) threshold in MiB; 0.0 when unset.
+    #[getter]
+    fn soft_rss_mb(&self) -> f64 {
+        self.ladder.soft_rss_mb
+    }
+
+    /// Hard (reject) threshold in MiB; 0.0 when unset.
+    #[getter]
+    fn hard_rss_mb(&self) -> f64 {
+        self.ladder.hard_rss_mb
+    }
+
+    /// Whether any threshold is set.
+    #[getter]
+    fn enabled(&self) -> bool {
+        self.ladder.enabled()
+    }
+
+    /// Decides for one sample (any object with an `rss_mb` attribute; `None` admits).
+    fn evaluate(&self, py: Python<'_>, sample: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            let rss = rss_of(sample)?;
+            decision_object(py, self.ladder.evaluate(rss))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "MemoryPressurePolicy(soft_rss_mb={:?}, hard_rss_mb={:?})",
+            self.ladder.soft_rss_mb, self.ladder.hard_rss_mb
+        )
+    }
+}
+
+/// A sample's `rss_mb`: `None` (unknown, which admits) when missing or `None`; a
+/// `TypeError` when it is not a number.
+pub fn rss_of(sample: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+    let Ok(value) = sample.getattr("rss_mb") else {
+        return Ok(None);
+    };
+    if value.is_none() {
+        return Ok(None);
+    }
+    let number = if value.is_instance_of::<pyo3::types::PyBool>() {
+        None
+    } else {
+        value.extract::<f64>().ok().filter(|v| !v.is_nan())
+    };
+    number.map(Some).ok_or_else(|| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "sample.rss_mb must be a number or None, got {}",
+            value.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
+}
