@@ -28,7 +28,7 @@ def build_memory_pressure_policy(
     hard = _number("max_rss_mb", max_rss_mb)
     if hard < 0:
         raise ValueError(f"max_rss_mb must be >= 0, got {max_rss_mb!r}")
-    ratio = _number("soft_ratio", 0.9 if soft_ratio is None else soft_ratio)
+    ratio = _number("soft_ratio", soft_ratio)
     if hard == 0:
         return None
     soft = min(1.0, max(0.0, ratio)) * hard

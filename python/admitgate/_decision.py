@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from typing import Any
 
 
 class AdmissionDecision(str, enum.Enum):
@@ -26,10 +27,10 @@ AdmissionDecision.__module__ = "admitgate"
 
 
 @functools.cache
-def decision_enum() -> type:
+def decision_enum() -> Any:
     """The ``AdmissionDecision`` enum this process uses."""
     try:
-        from praisonaiagents.gateway import AdmissionDecision as shared
+        from praisonaiagents.gateway import AdmissionDecision as shared  # type: ignore[import-untyped]
     except Exception:  # not installed, or broken: admitgate works without it
         return AdmissionDecision
     return shared

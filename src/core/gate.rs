@@ -455,9 +455,13 @@ impl<W> GateState<W> {
         }
 
         let scope_blocked = self.limits.scope_blocked(scope.is_some(), &facts);
+        // Waiters granted a slot but not yet running start first, so a newcomer queues
+        // behind them (it is granted at once below if a slot is free): bodies start in
+        // arrival order on a loop, which keeps one tenant's turns in order.
         let runs_now = self.global_slot_free()
             && !scope_blocked
             && self.ready.is_empty()
+            && self.granted_unclaimed == 0
             && (self.pressure == Decision::Admit || self.in_flight == 0);
         if runs_now {
             let key = scope.map(|name| self.scope_entry(name));

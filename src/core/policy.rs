@@ -64,11 +64,14 @@ impl Overflow {
     pub const NAMES: [&'static str; 3] = ["reject", "queue", "shed_oldest"];
 
     /// Parses a policy name; case and surrounding white space are ignored, and an empty name
-    /// means `reject` (the default).
+    /// means `reject` (the default). A name of only spaces is refused: it is a typo.
     pub fn parse(name: &str) -> Result<Self, ConfigError> {
+        if name.is_empty() {
+            return Ok(Overflow::Reject);
+        }
         let normalized = name.trim().to_ascii_lowercase();
         match normalized.as_str() {
-            "" | "reject" => Ok(Overflow::Reject),
+            "reject" => Ok(Overflow::Reject),
             "queue" => Ok(Overflow::Queue),
             "shed_oldest" => Ok(Overflow::ShedOldest),
             _ => Err(ConfigError::UnknownOverflow {
@@ -114,6 +117,25 @@ impl ConfigError {
             | ConfigError::NotFinite { arg, .. } => arg,
             ConfigError::Inverted { .. } => "soft_rss_mb",
             ConfigError::UnknownOverflow { .. } => "overflow_policy",
+        }
+    }
+}
+
+impl ConfigError {
+    /// The message, with the bad value shown as `shown` (the binding passes the caller's
+    /// own spelling of it, such as a Python `repr`).
+    pub fn describe(&self, shown: &str) -> String {
+        let arg = self.arg();
+        match self {
+            ConfigError::Negative { .. } | ConfigError::NegativeThreshold { .. } => {
+                format!("{arg} must be >= 0, got {shown}")
+            }
+            ConfigError::TooLarge { .. } => format!("{arg} must be <= {MAX_COUNT}, got {shown}"),
+            ConfigError::NotFinite { .. } => format!("{arg} must be a finite number, got {shown}"),
+            ConfigError::UnknownOverflow { .. } => format!(
+                "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {shown}"
+            ),
+            ConfigError::Inverted { .. } => self.to_string(),
         }
     }
 }

@@ -6,7 +6,6 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
-use super::errors::config_error;
 use crate::core::policy::{check_count, check_threshold, Overflow};
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
@@ -66,7 +65,7 @@ pub fn count(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<u32> {
     } else {
         return Err(not_an_integer(arg, value));
     };
-    check_count(arg, as_int).map_err(config_error)
+    check_count(arg, as_int).map_err(|err| PyValueError::new_err(err.describe(&repr(value))))
 }
 
 /// A finite threshold `>= 0`; `None` means 0 (unset).
@@ -93,7 +92,7 @@ pub fn threshold(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     } else {
         return Err(not_a_number());
     };
-    check_threshold(arg, as_float).map_err(config_error)
+    check_threshold(arg, as_float).map_err(|err| PyValueError::new_err(err.describe(&repr(value))))
 }
 
 /// An overflow policy name; `None` or empty means `reject`.

@@ -423,15 +423,11 @@ impl PyAdmissionGate {
         })
     }
 
-    /// The pressure to remember when a turn ends: only when it costs nothing to know.
+    /// The pressure when a turn ends, so a release under eased pressure refills the free
+    /// slots (the sampler is consulted on every decision, releases included).
     fn release_pressure(&self, py: Python<'_>) -> Option<Decision> {
-        let resources = self.resources.read();
-        match (&resources.policy, &resources.sampler) {
-            (ResourcePolicy::Native(ladder), Sampler::Builtin(sampler)) if ladder.enabled() => {
-                Some(ladder.evaluate(sampler.get().read_mb(py)))
-            }
-            _ => None,
-        }
+        self.resource_enabled(py)
+            .then(|| self.resource_decision(py))
     }
 }
 
@@ -551,6 +547,7 @@ impl PyAdmissionGate {
             gate: slf.clone().unbind(),
             session_id,
             state: Mutex::new(AdmissionState::Fresh),
+            waited: AtomicBool::new(false),
         })
     }
 
@@ -745,12 +742,20 @@ enum AdmissionState {
     Done,
 }
 
+impl AdmissionState {
+    fn is_entered(&self) -> bool {
+        matches!(self, AdmissionState::Entered { .. })
+    }
+}
+
 /// One turn's passage through the gate: the async context manager `gate.admit()` returns.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct Admission {
     gate: Py<PyAdmissionGate>,
     session_id: Py<PyAny>,
     state: Mutex<AdmissionState>,
+    /// Whether the turn had to wait in the queue (set once it is admitted after waiting).
+    waited: AtomicBool,
 }
 
 impl Admission {
@@ -858,6 +863,18 @@ impl Admission {
 
 #[pymethods]
 impl Admission {
+    /// Whether the turn waited in the queue before it was admitted.
+    #[getter]
+    fn waited(&self) -> bool {
+        self.waited.load(Ordering::Relaxed)
+    }
+
+    /// Whether the turn currently holds (or has lent to a human wait) its run slot.
+    #[getter]
+    fn active(&self) -> bool {
+        self.state.lock().is_entered()
+    }
+
     fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
         guard(|| Self::arrive(slf))
     }
@@ -903,73 +920,76 @@ pub struct Wait {
 }
 
 impl Wait {
+    fn finish(&self) {
+        self.state.lock().done = true;
+        *self.admission.get().state.lock() = AdmissionState::Done;
+    }
+
+    /// One step of the await: claim the outcome if a future was already yielded, else (or
+    /// if still waiting) yield a future that the gate resolves when it settles the turn.
     fn step(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if self.state.lock().done {
-            return Err(PyRuntimeError::new_err(
-                "cannot reuse an already awaited admission",
-            ));
-        }
-        loop {
+        let yielded = {
+            let state = self.state.lock();
+            if state.done {
+                return Err(PyRuntimeError::new_err(
+                    "cannot reuse an already awaited admission",
+                ));
+            }
+            state.fut.as_ref().map(|f| f.clone_ref(py))
+        };
+        if let Some(fut) = yielded {
             let (claim, wakes) = self.core.claim(self.key);
             wakes.run();
             match claim {
                 Claim::Admitted(scope) => {
                     self.state.lock().done = true;
+                    self.admission.get().waited.store(true, Ordering::Relaxed);
                     self.admission.get().enter(py, scope)?;
                     return Ok(None);
                 }
                 Claim::Shed => {
-                    self.state.lock().done = true;
-                    *self.admission.get().state.lock() = AdmissionState::Done;
+                    self.finish();
                     return Err(rejection(py, "shed"));
                 }
                 Claim::Unknown => {
-                    self.state.lock().done = true;
-                    *self.admission.get().state.lock() = AdmissionState::Done;
+                    self.finish();
                     return Err(PyRuntimeError::new_err(
                         "this turn's wait was withdrawn because its event loop closed",
                     ));
                 }
-                Claim::Waiting => {}
-            }
-            let pending = {
-                let state = self.state.lock();
-                state.fut.as_ref().map(|f| f.clone_ref(py))
-            };
-            if let Some(fut) = pending {
-                if !fut.bind(py).call_method0("done")?.is_truthy()? {
-                    fut.bind(py).setattr("_asyncio_future_blocking", true)?;
-                    return Ok(Some(fut));
+                Claim::Waiting => {
+                    let fut = fut.bind(py);
+                    if !fut.call_method0("done")?.is_truthy()? {
+                        fut.setattr("_asyncio_future_blocking", true)?;
+                        return Ok(Some(fut.clone().unbind()));
+                    }
                 }
-            }
-            let event_loop = match running_loop(py)? {
-                Some(l) => l,
-                None => {
-                    self.withdraw();
-                    *self.admission.get().state.lock() = AdmissionState::Done;
-                    return Err(PyRuntimeError::new_err(
-                        "gate.admit() must be awaited inside a running event loop",
-                    ));
-                }
-            };
-            let fut = event_loop.call_method0("create_future")?;
-            let waker = PyWaker {
-                fut: fut.clone().unbind(),
-                event_loop: event_loop.unbind(),
-                key: self.key,
-                core: self.core.clone(),
-            };
-            let (registered, _returned) = self.core.register(self.key, waker);
-            match registered {
-                Registered::Waiting => {
-                    fut.setattr("_asyncio_future_blocking", true)?;
-                    self.state.lock().fut = Some(fut.clone().unbind());
-                    return Ok(Some(fut.unbind()));
-                }
-                // Granted or shed in the meantime: loop round and claim it.
-                Registered::Settled | Registered::Unknown => continue,
             }
         }
+        let Some(event_loop) = running_loop(py)? else {
+            self.withdraw();
+            self.finish();
+            return Err(PyRuntimeError::new_err(
+                "gate.admit() must be awaited inside a running event loop",
+            ));
+        };
+        let fut = event_loop.call_method0("create_future")?;
+        let waker = PyWaker {
+            fut: fut.clone().unbind(),
+            event_loop: event_loop.unbind(),
+            key: self.key,
+            core: self.core.clone(),
+        };
+        let (registered, _) = self.core.register(self.key, waker);
+        if registered != Registered::Waiting {
+            // Settled before we could wait (granted by a release, or shed). Still yield
+            // once, with the future already resolved: the turn then starts after the
+            // waiters woken before it, in the order the loop runs their callbacks.
+            _resolve_waiter(&fut)?;
+        }
+        fut.setattr("_asyncio_future_blocking", true)?;
+        self.state.lock().fut = Some(fut.clone().unbind());
+        Ok(Some(fut.unbind()))
     }
 
     /// Leaves the queue (or hands on a slot granted in the meantime). Idempotent.

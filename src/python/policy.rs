@@ -54,7 +54,10 @@ pub struct PyConcurrencyLimitPolicy {
 #[pymethods]
 impl PyConcurrencyLimitPolicy {
     #[new]
-    #[pyo3(signature = (max_concurrent_runs=Arg(None), queue_depth=Arg(None), overflow_policy=Arg(None), max_concurrent_runs_per_scope=Arg(None)))]
+    #[pyo3(
+        signature = (max_concurrent_runs=Arg(None), queue_depth=Arg(None), overflow_policy=Arg(None), max_concurrent_runs_per_scope=Arg(None)),
+        text_signature = "(max_concurrent_runs=0, queue_depth=0, overflow_policy='reject', max_concurrent_runs_per_scope=0)"
+    )]
     fn new(
         py: Python<'_>,
         max_concurrent_runs: Arg,
@@ -150,7 +153,10 @@ pub struct PyMemoryPressurePolicy {
 #[pymethods]
 impl PyMemoryPressurePolicy {
     #[new]
-    #[pyo3(signature = (soft_rss_mb=Arg(None), hard_rss_mb=Arg(None)))]
+    #[pyo3(
+        signature = (soft_rss_mb=Arg(None), hard_rss_mb=Arg(None)),
+        text_signature = "(soft_rss_mb=0.0, hard_rss_mb=0.0)"
+    )]
     fn new(py: Python<'_>, soft_rss_mb: Arg, hard_rss_mb: Arg) -> PyResult<Self> {
         guard(|| {
             let soft = soft_rss_mb.threshold(py, "soft_rss_mb")?;

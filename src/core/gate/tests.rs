@@ -291,10 +291,15 @@ fn soft_pressure_queues_while_anything_runs() {
     g.check_invariants();
     assert_eq!(claim(&g, waiting), Claim::Admitted(None));
     assert_eq!(claim(&g, second), Claim::Waiting);
-    // Pressure eases: the waiter takes a free slot before the newcomer.
+    // Pressure eases: the waiter takes a free slot before the newcomer, and the newcomer
+    // (granted a slot at once) queues behind it so their bodies start in arrival order.
     let newcomer = arrive(&g, "", Decision::Admit);
+    let Arrival::Queued(newcomer) = newcomer else {
+        panic!("a newcomer must not start before a granted waiter, got {newcomer:?}");
+    };
+    assert_eq!(stats(&g).granted_unclaimed, 2);
     assert_eq!(claim(&g, second), Claim::Admitted(None));
-    assert!(matches!(newcomer, Arrival::Admitted(None)));
+    assert_eq!(claim(&g, newcomer), Claim::Admitted(None));
     assert_eq!(stats(&g).in_flight, 3);
 }
 

@@ -1,0 +1,257 @@
+"""Type stub for admitgate's native module (the Rust core's PyO3 binding).
+
+Hand-written; checked against the built module by ``python -m mypy.stubtest``.
+"""
+
+from types import TracebackType
+from collections.abc import Generator
+from typing import Any, Final, Literal, final
+
+from typing_extensions import disjoint_base
+
+from ._types import ResourceSample
+
+__all__ = [
+    "InternalError",
+    "_invalidate_samplers",
+    "_panic_inside_gate",
+    "_rejection_class",
+    "_reset_after_fork",
+    "_resolve_waiter",
+    "_set_rejection_class",
+    "Admission",
+    "HumanWait",
+    "HumanWaitFactory",
+    "AdmissionGate",
+    "RssSampler",
+    "Ready",
+    "Wait",
+    "ConcurrencyLimitPolicy",
+    "MemoryPressurePolicy",
+    "__version__",
+]
+
+__version__: Final[str]
+
+class InternalError(RuntimeError):
+    """A bug inside admitgate's Rust core (a Rust panic), raised as an ordinary exception.
+
+    The gate stays usable afterwards. Set ``RUST_BACKTRACE=1`` to see where it happened.
+    """
+
+@final
+class ConcurrencyLimitPolicy:
+    """Config-driven concurrency policy: a ceiling, a bounded wait queue, an overflow rule
+    and an optional per-scope (per-tenant) sub-limit. Decides exactly as PraisonAI's
+    ``ConcurrencyLimitPolicy`` does for the same facts.
+
+    Counts accept ints, integral floats and integer strings in ``0..2**31-1``; anything else
+    raises ``ValueError`` naming the argument. ``overflow_policy`` is ``"reject"``,
+    ``"queue"`` or ``"shed_oldest"`` (case and surrounding spaces ignored).
+    """
+
+    def __new__(
+        cls,
+        max_concurrent_runs: int | float | str = 0,
+        queue_depth: int | float | str = 0,
+        overflow_policy: str | None = "reject",
+        max_concurrent_runs_per_scope: int | float | str = 0,
+    ) -> ConcurrencyLimitPolicy: ...
+    @property
+    def max_concurrent_runs(self) -> int:
+        """Ceiling on concurrent runs; 0 disables admission control."""
+    @property
+    def queue_depth(self) -> int:
+        """Turns that may wait before the overflow policy applies."""
+    @property
+    def overflow_policy(self) -> Literal["reject", "queue", "shed_oldest"]:
+        """What a turn that finds the queue full meets."""
+    @property
+    def max_concurrent_runs_per_scope(self) -> int:
+        """Per-scope sub-limit within the ceiling; 0 disables it."""
+    @property
+    def enabled(self) -> bool:
+        """Whether a ceiling is set."""
+    def decide(
+        self,
+        *,
+        in_flight: int,
+        queued: int,
+        session_id: str = "",
+        scope: str = "",
+        scope_in_flight: int = 0,
+        scope_queued: int = 0,
+    ) -> Any:
+        """Decide for one turn from the live facts; returns an ``AdmissionDecision``."""
+
+@final
+class MemoryPressurePolicy:
+    """The soft/hard RSS ladder: below ``soft_rss_mb`` admit, from soft to ``hard_rss_mb``
+    queue, at or over hard reject; an unknown reading admits.
+
+    Thresholds must be finite and ``>= 0``; ``hard_rss_mb=0`` means no hard threshold, and
+    with both set soft must not exceed hard. Otherwise ``ValueError``.
+    """
+
+    def __new__(
+        cls,
+        soft_rss_mb: float | int | str | None = 0.0,
+        hard_rss_mb: float | int | str | None = 0.0,
+    ) -> MemoryPressurePolicy: ...
+    @property
+    def soft_rss_mb(self) -> float:
+        """Soft (queue) threshold in MiB; 0.0 when unset."""
+    @property
+    def hard_rss_mb(self) -> float:
+        """Hard (reject) threshold in MiB; 0.0 when unset."""
+    @property
+    def enabled(self) -> bool:
+        """Whether any threshold is set."""
+    def evaluate(self, sample: Any) -> Any:
+        """Decide for one sample (anything with ``rss_mb``); returns an ``AdmissionDecision``."""
+
+@final
+class RssSampler:
+    """The built-in sampler: the process's live RSS (peak RSS where live is unavailable),
+    refreshed at most every ``interval_seconds`` (5 ms); disables itself with one warning
+    where neither can be read."""
+
+    def __new__(cls) -> RssSampler: ...
+    def read(self) -> ResourceSample:
+        """A ``ResourceSample`` of the current RSS (``rss_mb=None`` when unavailable)."""
+    @property
+    def interval_seconds(self) -> float:
+        """How stale a reading may be, in seconds."""
+    @property
+    def source(self) -> Literal["live", "peak", "unavailable"]:
+        """Which reading the sampler takes."""
+
+@disjoint_base
+class AdmissionGate:
+    """Gateway-wide admission gate: a concurrency ceiling, a bounded FIFO wait queue with
+    per-scope lanes, overflow policies and memory-aware admission.
+
+    ``policy`` is an admitgate ``ConcurrencyLimitPolicy`` (decided in Rust), any object with
+    PraisonAI's ``decide(**facts)`` and limit attributes, or ``None`` for a resource-only
+    gate. ``resource_policy`` is a ``MemoryPressurePolicy`` or any object with
+    ``evaluate(sample)``; ``resource_sampler`` any object with ``read()`` (default: the
+    built-in :class:`RssSampler`). Thread-safe: one gate may serve several event loops.
+    """
+
+    def __new__(
+        cls,
+        policy: Any | None,
+        *,
+        resource_policy: Any | None = None,
+        resource_sampler: Any | None = None,
+    ) -> AdmissionGate: ...
+    def admit(self, *, session_id: str | None = None) -> Admission:
+        """One turn's passage: ``async with gate.admit(session_id=user):``. Raises
+        ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting."""
+    @property
+    def enabled(self) -> bool:
+        """Whether the gate is active (a ceiling, or a memory threshold, is set)."""
+    @property
+    def in_flight(self) -> int:
+        """Turns holding a run slot."""
+    @property
+    def queued(self) -> int:
+        """Turns waiting for a slot."""
+    @property
+    def admitted(self) -> int:
+        """Turns that started running."""
+    @property
+    def rejected(self) -> int:
+        """Turns refused on arrival."""
+    @property
+    def shed(self) -> int:
+        """Waiters evicted by ``shed_oldest``."""
+    @property
+    def cancelled(self) -> int:
+        """Turns withdrawn while queued, or cancelled between being granted a slot and
+        starting."""
+    @property
+    def awaiting_human(self) -> int:
+        """Admitted turns parked on a human approval, not holding a slot."""
+    @property
+    def peak_in_flight(self) -> int:
+        """The most turns that were ever in flight at once."""
+    @property
+    def oldest_wait_seconds(self) -> float | None:
+        """How long the oldest waiter has waited, or ``None`` when nobody waits."""
+    @property
+    def policy(self) -> Any | None:
+        """The concurrency policy the gate was built with."""
+    def stats(self) -> dict[str, int | float]:
+        """A snapshot: ``max_concurrent_runs``, ``max_concurrent_runs_per_scope``,
+        ``queue_depth``, ``in_flight``, ``queued``, ``awaiting_human``, ``admitted``,
+        ``rejected``, ``shed``, ``max_rss_mb`` (float) and ``cancelled``."""
+    @property
+    def _resource_policy(self) -> Any | None: ...
+    @property
+    def _resource_sampler(self) -> Any | None: ...
+    @_resource_sampler.setter
+    def _resource_sampler(self, sampler: Any | None) -> None: ...
+    def _shed_oldest_waiter(self) -> bool:
+        """Evict the oldest live waiter; ``False`` when nobody waits."""
+
+@final
+class Admission:
+    """The async context manager ``AdmissionGate.admit`` returns; enter it once."""
+
+    @property
+    def waited(self) -> bool:
+        """Whether the turn waited in the queue before it was admitted."""
+    @property
+    def active(self) -> bool:
+        """Whether the turn is inside the gate (holding, or lending, its slot)."""
+    def __aenter__(self) -> Ready | Wait: ...
+    def __aexit__(
+        self,
+        *_exc: type[BaseException] | BaseException | TracebackType | None,
+    ) -> Ready: ...
+
+@final
+class Ready:
+    """An already finished awaitable (the fast path)."""
+
+    def __await__(self) -> Generator[Any, Any, None]: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, typ: Any, val: Any = None, _tb: Any = None) -> None: ...
+    def close(self) -> None: ...
+
+@final
+class Wait:
+    """A queued turn's awaitable: resolves when a slot is granted; withdraws from the queue
+    when cancelled, closed or dropped."""
+
+    def __await__(self) -> Generator[Any, Any, None]: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, typ: Any, val: Any = None, _tb: Any = None) -> None: ...
+    def close(self) -> None: ...
+
+@final
+class HumanWaitFactory:
+    """Bound to praisonaiagents' ``HUMAN_WAIT_SCOPE`` while a turn runs."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> HumanWait:
+        """A new :class:`HumanWait` for the running turn (arguments are ignored)."""
+
+@final
+class HumanWait:
+    """Sync and async context manager around one human-approval wait: lends the turn's slot
+    and takes it back (borrowing if none is free) without blocking."""
+
+    def __enter__(self) -> HumanWait: ...
+    def __exit__(self, *_exc: Any) -> bool: ...
+    def __aenter__(self) -> Ready: ...
+    def __aexit__(self, *_exc: Any) -> Ready: ...
+
+def _rejection_class() -> type[Exception]: ...
+def _set_rejection_class(cls: type[Exception] | None) -> None: ...
+def _reset_after_fork() -> None: ...
+def _invalidate_samplers() -> None: ...
+def _resolve_waiter(fut: Any) -> None: ...
+def _panic_inside_gate(gate: AdmissionGate) -> None: ...

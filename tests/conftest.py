@@ -1,0 +1,127 @@
+"""Shared fixtures: admitgate and the reference gate behind one namespace.
+
+The reference is PraisonAI BotOS's pure-Python gate (``praisonai_bot.bots._admission``)
+with its policies from ``praisonaiagents.gateway``. Tests that take the ``impl`` fixture
+run once per implementation, with ids ``admitgate`` and ``reference``, so
+``pytest -k reference`` runs the reference half on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from typing import Any
+
+import pytest
+
+IMPLEMENTATIONS = ("admitgate", "reference")
+
+_PUBLIC_NAMES = (
+    "AdmissionGate",
+    "AdmissionRejected",
+    "AdmissionDecision",
+    "ConcurrencyLimitPolicy",
+    "MemoryPressurePolicy",
+    "ResourceSample",
+    "build_admission_gate",
+    "build_memory_pressure_policy",
+)
+
+
+def load_impl(name: str) -> types.SimpleNamespace:
+    """Return the public names of one implementation as a namespace.
+
+    ``name`` is ``"admitgate"`` or ``"reference"``. The namespace also carries
+    ``name`` and ``is_reference``. An admitgate that fails to import fails the
+    test (it is never skipped), so a broken build cannot pass the suite.
+    """
+    if name == "reference":
+        from praisonai_bot.bots import _admission as bot
+        from praisonaiagents import gateway as core
+
+        return types.SimpleNamespace(
+            name=name,
+            is_reference=True,
+            AdmissionGate=bot.AdmissionGate,
+            AdmissionRejected=bot.AdmissionRejected,
+            AdmissionDecision=core.AdmissionDecision,
+            ConcurrencyLimitPolicy=core.ConcurrencyLimitPolicy,
+            MemoryPressurePolicy=core.MemoryPressurePolicy,
+            ResourceSample=core.ResourceSample,
+            build_admission_gate=bot.build_admission_gate,
+            build_memory_pressure_policy=bot.build_memory_pressure_policy,
+        )
+    if name == "admitgate":
+        try:
+            import admitgate
+        except ImportError as exc:  # pragma: no cover - only before the first build
+            pytest.fail(f"admitgate is not importable: {exc!r}", pytrace=False)
+        ns = types.SimpleNamespace(name=name, is_reference=False)
+        for attr in _PUBLIC_NAMES:
+            setattr(ns, attr, getattr(admitgate, attr))
+        return ns
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request: pytest.FixtureRequest) -> types.SimpleNamespace:
+    """Each implementation in turn (ids ``admitgate`` and ``reference``)."""
+    return load_impl(request.param)
+
+
+@pytest.fixture
+def ag() -> types.SimpleNamespace:
+    """admitgate alone, for tests that compare it with the reference."""
+    return load_impl("admitgate")
+
+
+@pytest.fixture
+def ref() -> types.SimpleNamespace:
+    """The reference alone."""
+    return load_impl("reference")
+
+
+class FakeSampler:
+    """A resource sampler whose RSS the test sets by hand.
+
+    ``read()`` returns ``sample_cls(rss_mb=self.rss_mb)`` (the reference's
+    ``ResourceSample`` unless told otherwise) and counts the calls in ``reads``.
+    """
+
+    def __init__(self, rss_mb: float | None = None, sample_cls: Any = None):
+        if sample_cls is None:
+            from praisonaiagents.gateway import ResourceSample as sample_cls
+        self.rss_mb = rss_mb
+        self.sample_cls = sample_cls
+        self.reads = 0
+
+    def read(self) -> Any:
+        self.reads += 1
+        return self.sample_cls(rss_mb=self.rss_mb)
+
+
+@pytest.fixture
+def fake_sampler_cls() -> type:
+    """The :class:`FakeSampler` class, for test modules that prefer a fixture."""
+    return FakeSampler
+
+
+@pytest.fixture
+def sampler(impl: types.SimpleNamespace) -> FakeSampler:
+    """A :class:`FakeSampler` (rss_mb None) producing ``impl``'s ResourceSample."""
+    return FakeSampler(None, sample_cls=impl.ResourceSample)
+
+
+def run(coro: Any, timeout: float = 5.0) -> Any:
+    """``asyncio.run`` with a guard, so a wedged gate fails instead of hanging."""
+
+    async def guarded() -> Any:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(guarded())
+
+
+async def settle(rounds: int = 30) -> None:
+    """Let every ready callback and task run (waiters wake, losers clean up)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
