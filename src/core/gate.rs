@@ -33,6 +33,7 @@
 //! exceed the ceiling, and the excess is repaid by not refilling the next releases.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -424,13 +425,14 @@ impl<W> GateState<W> {
     /// the concurrency decision of a foreign policy, made from [`GateState::facts`]; `None`
     /// makes the gate decide with its own [`ConcurrencyLimit`] from the live facts.
     /// `resource` is the memory-pressure decision for this turn ([`Decision::Admit`] when
-    /// memory-aware admission is off).
+    /// memory-aware admission is off). `now` is the caller's clock, read only when the turn
+    /// queues (reading a clock costs as much as the rest of the fast path).
     pub fn arrive(
         &mut self,
         scope: Option<&str>,
         decided: Option<Decision>,
         resource: Decision,
-        now: Duration,
+        now: impl FnOnce() -> Duration,
         wakes: &mut Wakes<W>,
     ) -> Arrival {
         let scope = self.tracked(scope);
@@ -492,7 +494,7 @@ impl<W> GateState<W> {
 
         let key = scope.map(|name| self.scope_entry(name));
         let lane = &mut lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref()).lane;
-        let waiter = self.queue.push(lane, key.clone(), now);
+        let waiter = self.queue.push(lane, key.clone(), now());
         self.refresh_lane(key.as_deref());
         self.dispatch(0, wakes);
         Arrival::Queued(waiter)
@@ -687,6 +689,8 @@ impl<W> GateState<W> {
 #[derive(Debug)]
 pub struct Gate<W> {
     state: Mutex<GateState<W>>,
+    /// The queue's length after the last operation (see [`Gate::has_waiters`]).
+    queued_hint: AtomicU64,
 }
 
 impl<W> Gate<W> {
@@ -694,13 +698,16 @@ impl<W> Gate<W> {
     pub fn new(limits: ConcurrencyLimit) -> Self {
         Self {
             state: Mutex::new(GateState::new(limits)),
+            queued_hint: AtomicU64::new(0),
         }
     }
 
     /// Runs `f` on the locked state; the returned wakes are run by the caller after unlock.
     pub fn with<R>(&self, f: impl FnOnce(&mut GateState<W>, &mut Wakes<W>) -> R) -> (R, Wakes<W>) {
         let mut wakes = Wakes::default();
-        let result = f(&mut self.state.lock(), &mut wakes);
+        let mut state = self.state.lock();
+        let result = f(&mut state, &mut wakes);
+        self.queued_hint.store(state.queue.len(), Ordering::Relaxed);
         (result, wakes)
     }
 
@@ -715,9 +722,16 @@ impl<W> Gate<W> {
         scope: Option<&str>,
         decided: Option<Decision>,
         resource: Decision,
-        now: Duration,
+        now: impl FnOnce() -> Duration,
     ) -> (Arrival, Wakes<W>) {
         self.with(|state, wakes| state.arrive(scope, decided, resource, now, wakes))
+    }
+
+    /// Whether anyone waited when the gate was last changed, without taking the lock. A
+    /// hint: callers use it to skip work (reading memory pressure for a release) that only
+    /// matters to waiters, and anything that races with it re-reads under the lock.
+    pub fn has_waiters(&self) -> bool {
+        self.queued_hint.load(Ordering::Relaxed) > 0
     }
 
     /// See [`GateState::register`].

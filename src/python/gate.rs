@@ -8,7 +8,7 @@
 //! other), after the core's lock is released. A wait that is cancelled, closed or dropped
 //! withdraws from the core, which hands on any slot it had been granted in the meantime.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,12 +24,13 @@ use super::policy::{decision_from, rss_of, PyConcurrencyLimitPolicy, PyMemoryPre
 use crate::core::rss::RssSampler;
 use crate::core::{
     Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, MemoryPressure, Overflow,
-    Registered, TurnSlot, WaiterKey, Waker,
+    Registered, TurnSlot, WaiterKey, Waker, Wakes,
 };
 
 type Core = Gate<PyWaker>;
 
-/// The monotonic clock the core is given (it never reads one itself).
+/// The monotonic clock given to the gate's core (which never reads one itself) and to the
+/// RSS sampler.
 fn now() -> Duration {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed()
@@ -142,9 +143,10 @@ fn human_wait_scope(py: Python<'_>) -> Option<&Bound<'_, PyAny>> {
 /// Resolves a waiter's future on its own loop (scheduled with `call_soon_threadsafe`).
 #[pyfunction]
 pub fn _resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = fut.py();
     // A cancelled future is left alone: its owner's cancellation hands the slot on.
-    if !fut.call_method0("done")?.is_truthy()? {
-        fut.call_method1("set_result", (true,))?;
+    if !fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+        fut.call_method1(pyo3::intern!(py, "set_result"), (true,))?;
     }
     Ok(())
 }
@@ -168,12 +170,15 @@ impl PyWaker {
             }
         }
         // The loop can close between this check and the call: both are handled.
-        if event_loop.call_method0("is_closed")?.is_truthy()? {
+        if event_loop
+            .call_method0(pyo3::intern!(py, "is_closed"))?
+            .is_truthy()?
+        {
             return Ok(false);
         }
         let resolve = pyo3::wrap_pyfunction!(_resolve_waiter, py)?;
         Ok(event_loop
-            .call_method1("call_soon_threadsafe", (resolve, fut))
+            .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (resolve, fut))
             .is_ok())
     }
 }
@@ -270,6 +275,13 @@ enum Sampler {
     Foreign(Py<PyAny>),
 }
 
+/// No memory-aware admission.
+const RESOURCE_OFF: u8 = 0;
+/// admitgate's `MemoryPressurePolicy` read through the built-in sampler: all in Rust.
+const RESOURCE_NATIVE: u8 = 1;
+/// Anything else: consult `resources` (and Python) on every decision.
+const RESOURCE_DYNAMIC: u8 = 2;
+
 struct Resources {
     policy: ResourcePolicy,
     policy_object: Option<Py<PyAny>>,
@@ -283,6 +295,12 @@ struct Resources {
 pub struct PyAdmissionGate {
     core: Arc<Core>,
     limits: ConcurrencyLimit,
+    /// Which resource path applies, readable without taking `resources`' lock: the common
+    /// configurations (none, or admitgate's own policy with the built-in sampler) never
+    /// take it on the hot path.
+    resource_mode: AtomicU8,
+    /// admitgate's own ladder and the built-in sampler, for [`RESOURCE_NATIVE`].
+    native_resources: Option<(MemoryPressure, Arc<RssSampler>)>,
     policy: Option<Py<PyAny>>,
     /// The policy is admitgate's own: decide in Rust, from the live facts, under the lock.
     native_policy: bool,
@@ -302,6 +320,14 @@ fn read_limit(policy: &Bound<'_, PyAny>, attr: &'static str) -> PyResult<u32> {
 
 impl PyAdmissionGate {
     fn resource_enabled(&self, py: Python<'_>) -> bool {
+        match self.resource_mode.load(Ordering::Relaxed) {
+            RESOURCE_OFF => false,
+            RESOURCE_NATIVE => true,
+            _ => self.dynamic_resource_enabled(py),
+        }
+    }
+
+    fn dynamic_resource_enabled(&self, py: Python<'_>) -> bool {
         let resources = self.resources.read();
         if matches!(resources.sampler, Sampler::None) {
             return false;
@@ -309,10 +335,25 @@ impl PyAdmissionGate {
         match &resources.policy {
             ResourcePolicy::None => false,
             ResourcePolicy::Native(ladder) => ladder.enabled(),
-            ResourcePolicy::Foreign(policy) => match policy.bind(py).getattr("enabled") {
-                Ok(enabled) => enabled.is_truthy().unwrap_or(true),
-                Err(_) => true,
+            ResourcePolicy::Foreign(policy) => {
+                match policy.bind(py).getattr(pyo3::intern!(py, "enabled")) {
+                    Ok(enabled) => enabled.is_truthy().unwrap_or(true),
+                    Err(_) => true,
+                }
+            }
+        }
+    }
+
+    /// The mode for a configuration (see [`RESOURCE_NATIVE`]).
+    fn mode_of(resources: &Resources, native: &Option<(MemoryPressure, Arc<RssSampler>)>) -> u8 {
+        match (&resources.policy, &resources.sampler) {
+            (ResourcePolicy::None, _) | (_, Sampler::None) => RESOURCE_OFF,
+            (ResourcePolicy::Native(ladder), _) if !ladder.enabled() => RESOURCE_OFF,
+            (ResourcePolicy::Native(_), Sampler::Builtin(sampler)) => match native {
+                Some((_, ours)) if Arc::ptr_eq(ours, &sampler.get().sampler) => RESOURCE_NATIVE,
+                _ => RESOURCE_DYNAMIC,
             },
+            _ => RESOURCE_DYNAMIC,
         }
     }
 
@@ -329,8 +370,18 @@ impl PyAdmissionGate {
     /// The memory-pressure decision for one turn. Never fails: a broken sampler or policy
     /// is logged once and admits, as the reference does (the concurrency ceiling still holds).
     fn resource_decision(&self, py: Python<'_>) -> Decision {
-        if !self.resource_enabled(py) {
-            return Decision::Admit;
+        match self.resource_mode.load(Ordering::Relaxed) {
+            RESOURCE_OFF => return Decision::Admit,
+            RESOURCE_NATIVE => {
+                if let Some((ladder, sampler)) = &self.native_resources {
+                    return ladder.evaluate(read_builtin(py, sampler));
+                }
+            }
+            _ => {
+                if !self.dynamic_resource_enabled(py) {
+                    return Decision::Admit;
+                }
+            }
         }
         let (native, policy, sampler) = {
             let resources = self.resources.read();
@@ -355,13 +406,15 @@ impl PyAdmissionGate {
         let outcome = (|| -> PyResult<Decision> {
             let sample = match &sampler {
                 Ok(builtin) => builtin.get().sample(py)?,
-                Err(Some(foreign)) => foreign.bind(py).call_method0("read")?,
+                Err(Some(foreign)) => foreign.bind(py).call_method0(pyo3::intern!(py, "read"))?,
                 Err(None) => return Ok(Decision::Admit),
             };
             match (native, policy) {
                 (Some(ladder), _) => Ok(ladder.evaluate(rss_of(&sample)?)),
                 (None, Some(policy)) => {
-                    let answer = policy.bind(py).call_method1("evaluate", (sample,))?;
+                    let answer = policy
+                        .bind(py)
+                        .call_method1(pyo3::intern!(py, "evaluate"), (sample,))?;
                     decision_from(&answer).ok_or_else(|| {
                         PyTypeError::new_err(format!(
                             "evaluate() returned {}, not an AdmissionDecision",
@@ -405,7 +458,7 @@ impl PyAdmissionGate {
             kwargs.set_item("scope", scope_arg)?;
             kwargs.set_item("scope_in_flight", facts.scope_in_flight)?;
             kwargs.set_item("scope_queued", facts.scope_queued)?;
-            let answer = policy.call_method("decide", (), Some(&kwargs))?;
+            let answer = policy.call_method(pyo3::intern!(py, "decide"), (), Some(&kwargs))?;
             decision_from(&answer).ok_or_else(|| {
                 PyTypeError::new_err(format!(
                     "decide() returned {}, not an AdmissionDecision",
@@ -424,10 +477,10 @@ impl PyAdmissionGate {
     }
 
     /// The pressure when a turn ends, so a release under eased pressure refills the free
-    /// slots (the sampler is consulted on every decision, releases included).
+    /// slots. Read only when someone waits: only waiters are affected.
     fn release_pressure(&self, py: Python<'_>) -> Option<Decision> {
-        self.resource_enabled(py)
-            .then(|| self.resource_decision(py))
+        // Only waiters care; with nobody waiting, the next arrival reads it anyway.
+        (self.core.has_waiters() && self.resource_enabled(py)).then(|| self.resource_decision(py))
     }
 }
 
@@ -505,6 +558,18 @@ impl PyAdmissionGate {
                 (None, Some(_)) => Sampler::Builtin(Py::new(py, PyRssSampler::new())?),
                 (None, None) => Sampler::None,
             };
+            let native_resources = match (&resource, &sampler) {
+                (ResourcePolicy::Native(ladder), Sampler::Builtin(builtin)) => {
+                    Some((*ladder, builtin.get().sampler.clone()))
+                }
+                _ => None,
+            };
+            let resources = Resources {
+                policy: resource,
+                policy_object: resource_policy.map(Bound::unbind),
+                sampler,
+            };
+            let resource_mode = AtomicU8::new(Self::mode_of(&resources, &native_resources));
             let core = Arc::new(Gate::new(limits));
             {
                 let mut gates = GATES.lock();
@@ -516,11 +581,9 @@ impl PyAdmissionGate {
                 limits,
                 policy: policy.map(Bound::unbind),
                 native_policy,
-                resources: RwLock::new(Resources {
-                    policy: resource,
-                    policy_object: resource_policy.map(Bound::unbind),
-                    sampler,
-                }),
+                resource_mode,
+                native_resources,
+                resources: RwLock::new(resources),
                 warned_policy: AtomicBool::new(false),
                 warned_resource: AtomicBool::new(false),
             })
@@ -687,7 +750,12 @@ impl PyAdmissionGate {
                 }
             },
         };
-        self.resources.write().sampler = new;
+        let mut resources = self.resources.write();
+        resources.sampler = new;
+        self.resource_mode.store(
+            Self::mode_of(&resources, &self.native_resources),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
@@ -736,7 +804,7 @@ enum AdmissionState {
     PassThrough,
     Waiting,
     Entered {
-        slot: Arc<TurnSlot>,
+        slot: TurnSlot,
         token: Option<Py<PyAny>>,
     },
     Done,
@@ -760,23 +828,38 @@ pub struct Admission {
 
 impl Admission {
     /// The turn holds a slot: bind the human-wait hook and remember what to release.
-    fn enter(&self, py: Python<'_>, scope: Option<Arc<str>>) -> PyResult<()> {
-        let slot = Arc::new(TurnSlot::new(scope));
+    fn enter(admission: &Bound<'_, Self>, scope: Option<Arc<str>>) -> PyResult<()> {
+        let py = admission.py();
         let token = match human_wait_scope(py) {
             Some(var) => {
                 let factory = Py::new(
                     py,
                     HumanWaitFactory {
-                        slot: slot.clone(),
-                        core: self.gate.get().core.clone(),
+                        admission: admission.clone().unbind(),
                     },
                 )?;
-                Some(var.call_method1("set", (factory,))?.unbind())
+                Some(
+                    var.call_method1(pyo3::intern!(py, "set"), (factory,))?
+                        .unbind(),
+                )
             }
             None => None,
         };
-        *self.state.lock() = AdmissionState::Entered { slot, token };
+        *admission.get().state.lock() = AdmissionState::Entered {
+            slot: TurnSlot::new(scope),
+            token,
+        };
         Ok(())
+    }
+
+    /// Runs `f` on the turn's slot while it is inside the gate; the wakes it returns are
+    /// run after every lock is released.
+    fn with_slot(&self, f: impl FnOnce(&TurnSlot, &Core) -> Wakes<PyWaker>) {
+        let wakes = match &*self.state.lock() {
+            AdmissionState::Entered { slot, .. } => f(slot, &self.gate.get().core),
+            _ => return,
+        };
+        wakes.run();
     }
 
     fn arrive(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
@@ -806,11 +889,11 @@ impl Admission {
             }
             _ => None,
         };
-        let (arrival, wakes) = gate.core.arrive(scope, decided, resource, now());
+        let (arrival, wakes) = gate.core.arrive(scope, decided, resource, now);
         wakes.run();
         match arrival {
             Arrival::Admitted(scope) => {
-                this.enter(py, scope)?;
+                Self::enter(slf, scope)?;
                 ready(py)
             }
             Arrival::Rejected(reason) => {
@@ -853,7 +936,7 @@ impl Admission {
             if let (Some(token), Some(var)) = (token, human_wait_scope(py)) {
                 // Exited in another context (the body handed the turn to another task):
                 // the variable cannot be reset there, and nothing depends on it after exit.
-                let _ = var.call_method1("reset", (token,));
+                let _ = var.call_method1(pyo3::intern!(py, "reset"), (token,));
             }
             slot.close(&gate.core, gate.release_pressure(py)).run();
         }
@@ -895,11 +978,20 @@ impl Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         // A turn abandoned without __aexit__ (its coroutine was never finished) still
-        // returns its slot exactly once.
+        // returns its slot exactly once. A panic must not unwind out of a destructor the
+        // interpreter calls, so it is contained and reported as unraisable.
         if let AdmissionState::Entered { slot, .. } =
             std::mem::replace(self.state.get_mut(), AdmissionState::Done)
         {
-            Python::attach(|_| slot.close(&self.gate.get().core, None).run());
+            let core = self.gate.get().core.clone();
+            Python::attach(|py| {
+                if let Err(err) = guard(|| {
+                    slot.close(&core, None).run();
+                    Ok(())
+                }) {
+                    err.write_unraisable(py, None);
+                }
+            });
         }
     }
 }
@@ -944,7 +1036,7 @@ impl Wait {
                 Claim::Admitted(scope) => {
                     self.state.lock().done = true;
                     self.admission.get().waited.store(true, Ordering::Relaxed);
-                    self.admission.get().enter(py, scope)?;
+                    Admission::enter(self.admission.bind(py), scope)?;
                     return Ok(None);
                 }
                 Claim::Shed => {
@@ -959,8 +1051,8 @@ impl Wait {
                 }
                 Claim::Waiting => {
                     let fut = fut.bind(py);
-                    if !fut.call_method0("done")?.is_truthy()? {
-                        fut.setattr("_asyncio_future_blocking", true)?;
+                    if !fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+                        fut.setattr(pyo3::intern!(py, "_asyncio_future_blocking"), true)?;
                         return Ok(Some(fut.clone().unbind()));
                     }
                 }
@@ -973,7 +1065,7 @@ impl Wait {
                 "gate.admit() must be awaited inside a running event loop",
             ));
         };
-        let fut = event_loop.call_method0("create_future")?;
+        let fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
         let waker = PyWaker {
             fut: fut.clone().unbind(),
             event_loop: event_loop.unbind(),
@@ -987,7 +1079,7 @@ impl Wait {
             // waiters woken before it, in the order the loop runs their callbacks.
             _resolve_waiter(&fut)?;
         }
-        fut.setattr("_asyncio_future_blocking", true)?;
+        fut.setattr(pyo3::intern!(py, "_asyncio_future_blocking"), true)?;
         self.state.lock().fut = Some(fut.clone().unbind());
         Ok(Some(fut.unbind()))
     }
@@ -1047,9 +1139,16 @@ impl Wait {
 
 impl Drop for Wait {
     fn drop(&mut self) {
+        // A wait dropped unfinished (its task was destroyed) leaves the queue, handing on
+        // any slot it had been granted.
         if !self.state.get_mut().done {
-            Python::attach(|_| {
-                self.withdraw();
+            Python::attach(|py| {
+                if let Err(err) = guard(|| {
+                    self.withdraw();
+                    Ok(())
+                }) {
+                    err.write_unraisable(py, None);
+                }
             });
         }
     }
@@ -1059,16 +1158,20 @@ impl Drop for Wait {
 /// [`HumanWait`] for the turn that is running.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct HumanWaitFactory {
-    slot: Arc<TurnSlot>,
-    core: Arc<Core>,
+    admission: Py<Admission>,
 }
 
 #[pymethods]
 impl HumanWaitFactory {
-    fn __call__(&self) -> HumanWait {
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> HumanWait {
         HumanWait {
-            slot: self.slot.clone(),
-            core: self.core.clone(),
+            admission: self.admission.clone_ref(py),
             entered: AtomicBool::new(false),
         }
     }
@@ -1079,21 +1182,25 @@ impl HumanWaitFactory {
 /// ever blocking. Safe from the turn's loop and from worker threads.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct HumanWait {
-    slot: Arc<TurnSlot>,
-    core: Arc<Core>,
+    admission: Py<Admission>,
     entered: AtomicBool,
 }
 
 impl HumanWait {
     fn suspend(&self) {
         if !self.entered.swap(true, Ordering::AcqRel) {
-            self.slot.suspend(&self.core).run();
+            self.admission
+                .get()
+                .with_slot(|slot, core| slot.suspend(core));
         }
     }
 
     fn resume(&self) {
         if self.entered.swap(false, Ordering::AcqRel) {
-            self.slot.resume(&self.core);
+            self.admission.get().with_slot(|slot, core| {
+                slot.resume(core);
+                Wakes::default()
+            });
         }
     }
 }
@@ -1137,6 +1244,20 @@ impl HumanWait {
 
 static RESOURCE_SAMPLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
+/// RSS in MiB (or `None`) from the built-in sampler, warning once when sampling turns out to
+/// be unavailable.
+fn read_builtin(py: Python<'_>, sampler: &RssSampler) -> Option<f64> {
+    let reading = sampler.read(now());
+    if reading.just_disabled {
+        log(
+            py,
+            "warning",
+            "AdmissionGate: resource sampling unavailable on this platform; memory-pressure admission disabled.".into(),
+        );
+    }
+    reading.rss_mb
+}
+
 /// The built-in RSS sampler: live RSS, falling back to peak RSS, cached for 5 ms.
 #[pyclass(frozen, module = "admitgate", name = "RssSampler")]
 pub struct PyRssSampler {
@@ -1162,17 +1283,8 @@ impl PyRssSampler {
         Self { sampler }
     }
 
-    /// RSS in MiB (or `None`), warning once when sampling turns out to be unavailable.
     fn read_mb(&self, py: Python<'_>) -> Option<f64> {
-        let reading = self.sampler.read(now());
-        if reading.just_disabled {
-            log(
-                py,
-                "warning",
-                "AdmissionGate: resource sampling unavailable on this platform; memory-pressure admission disabled.".into(),
-            );
-        }
-        reading.rss_mb
+        read_builtin(py, &self.sampler)
     }
 
     fn sample<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

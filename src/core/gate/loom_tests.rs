@@ -57,7 +57,7 @@ fn turn(g: &G, scope: &str, cancel_if_queued: bool) -> End {
 
 /// [`turn`], tolerating `borrowed` slots taken by human-wait resumes beyond the ceiling.
 fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) -> End {
-    let (arrival, wakes) = g.arrive(Some(scope), None, Decision::Admit, Duration::ZERO);
+    let (arrival, wakes) = g.arrive(Some(scope), None, Decision::Admit, || Duration::ZERO);
     wakes.run();
     let slot = match arrival {
         Arrival::Admitted(key) => TurnSlot::new(key),
@@ -151,14 +151,14 @@ fn loom_concurrent_cancel_while_queued() {
 fn loom_release_races_cancel_of_granted_waiter() {
     loom::model(|| {
         let g = gate(1, 4, "reject", 0);
-        let (held, _) = g.arrive(None, None, Decision::Admit, Duration::ZERO);
+        let (held, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Admitted(scope) = held else {
             panic!()
         };
         let slot = TurnSlot::new(scope);
-        let (q1, _) = g.arrive(None, None, Decision::Admit, Duration::ZERO);
+        let (q1, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Queued(k1) = q1 else { panic!() };
-        let (q2, _) = g.arrive(None, None, Decision::Admit, Duration::ZERO);
+        let (q2, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Queued(k2) = q2 else { panic!() };
         let f2 = Flag::new();
         assert_eq!(g.register(k2, f2.clone()).0, Registered::Waiting);
@@ -191,12 +191,12 @@ fn loom_release_races_cancel_of_granted_waiter() {
 fn loom_shed_oldest_eviction_races_release() {
     loom::model(|| {
         let g = gate(1, 1, "shed_oldest", 0);
-        let (held, _) = g.arrive(None, None, Decision::Admit, Duration::ZERO);
+        let (held, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Admitted(scope) = held else {
             panic!()
         };
         let slot = TurnSlot::new(scope);
-        let (q, _) = g.arrive(None, None, Decision::Admit, Duration::ZERO);
+        let (q, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Queued(victim) = q else { panic!() };
         let releaser = {
             let g = g.clone();
@@ -266,7 +266,7 @@ fn loom_per_scope_handoff() {
 fn loom_human_wait_lend_and_borrow() {
     loom::model(|| {
         let g = gate(1, 2, "queue", 0);
-        let (held, _) = g.arrive(None, None, Decision::Admit, Duration::ZERO);
+        let (held, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Admitted(scope) = held else {
             panic!()
         };

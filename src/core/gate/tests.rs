@@ -32,7 +32,7 @@ fn gate(max: i64, depth: i64, overflow: &str, per_scope: i64) -> Gate<Counter> {
 
 /// Arrives and checks invariants; the wakes are run.
 fn arrive(g: &Gate<Counter>, scope: &str, resource: Decision) -> Arrival {
-    let (arrival, wakes) = g.arrive(Some(scope), None, resource, T0);
+    let (arrival, wakes) = g.arrive(Some(scope), None, resource, || T0);
     wakes.run();
     g.check_invariants();
     arrival
@@ -356,15 +356,15 @@ fn foreign_decisions_are_made_real() {
     let g = gate(1, 0, "reject", 0);
     // A policy that says admit when no slot is free makes the turn wait.
     let _a = admit(&g, "");
-    let (said_admit, wakes) = g.arrive(None, Some(Decision::Admit), Decision::Admit, T0);
+    let (said_admit, wakes) = g.arrive(None, Some(Decision::Admit), Decision::Admit, || T0);
     drop(wakes);
     assert!(matches!(said_admit, Arrival::Queued(_)));
     // A policy that says reject is obeyed, with its own reason.
-    let (said_reject, _) = g.arrive(None, Some(Decision::Reject), Decision::Admit, T0);
+    let (said_reject, _) = g.arrive(None, Some(Decision::Reject), Decision::Admit, || T0);
     assert_eq!(said_reject, Arrival::Rejected(Rejection::Policy));
     // A policy that says queue while a slot is free runs at once.
     let free = gate(2, 0, "reject", 0);
-    let (said_queue, _) = free.arrive(None, Some(Decision::Queue), Decision::Admit, T0);
+    let (said_queue, _) = free.arrive(None, Some(Decision::Queue), Decision::Admit, || T0);
     assert!(matches!(said_queue, Arrival::Admitted(None)));
 }
 
@@ -458,7 +458,7 @@ fn reset_forgets_everything() {
 fn oldest_wait_uses_the_callers_clock() {
     let g = gate(1, 4, "reject", 0);
     let _a = admit(&g, "");
-    let (arrival, _) = g.arrive(None, None, Decision::Admit, Duration::from_secs(10));
+    let (arrival, _) = g.arrive(None, None, Decision::Admit, || Duration::from_secs(10));
     assert!(matches!(arrival, Arrival::Queued(_)));
     assert_eq!(
         g.stats(Duration::from_secs(13)).oldest_wait,
@@ -499,7 +499,7 @@ fn random_walk_keeps_every_invariant() {
                         Decision::Queue,
                         Decision::Reject,
                     ][next(4) as usize];
-                    let (arrival, wakes) = g.arrive(Some(&scope), None, resource, T0);
+                    let (arrival, wakes) = g.arrive(Some(&scope), None, resource, || T0);
                     wakes.run();
                     match arrival {
                         Arrival::Admitted(key) => running.push(TurnSlot::new(key)),
