@@ -40,8 +40,8 @@ def _number(arg: str, value: Any) -> float:
         raise ValueError(f"{arg} must be a number, got {value!r}")
     try:
         number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{arg} must be a number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{arg} must be a finite number, got {value!r}") from None
     if not math.isfinite(number):
         raise ValueError(f"{arg} must be a finite number, got {value!r}")
     return number

@@ -151,3 +151,39 @@ impl Arg {
         }
     }
 }
+
+/// A live count handed to `decide` (`in_flight` and the like): a non-negative int.
+pub fn fact(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{arg} must be an int, got {}",
+            repr(value)
+        )));
+    }
+    value.extract::<u64>().map_err(|_| {
+        let bound = if value.lt(0i64).unwrap_or(false) {
+            "must be >= 0"
+        } else {
+            "must fit in 64 bits"
+        };
+        PyValueError::new_err(format!("{arg} {bound}, got {}", repr(value)))
+    })
+}
+
+/// A session id as the gate's scope key. Ids that are not valid Unicode on their own (a lone
+/// surrogate, which JSON can carry) get a distinct, stable escaped form instead of an error.
+pub fn scope_key<'a>(session_id: &'a Bound<'_, PyString>) -> PyResult<std::borrow::Cow<'a, str>> {
+    match session_id.to_str() {
+        Ok(text) => Ok(std::borrow::Cow::Borrowed(text)),
+        Err(_) => {
+            let escaped = session_id
+                .call_method1("encode", ("unicode_escape",))?
+                .extract::<Vec<u8>>()?;
+            // A NUL prefix keeps the escaped form apart from ordinary ids spelling the same.
+            Ok(std::borrow::Cow::Owned(format!(
+                "\0surrogate:{}",
+                String::from_utf8_lossy(&escaped)
+            )))
+        }
+    }
+}

@@ -24,10 +24,62 @@ use super::policy::{decision_from, rss_of, PyConcurrencyLimitPolicy, PyMemoryPre
 use crate::core::rss::RssSampler;
 use crate::core::{
     Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, MemoryPressure, Overflow,
-    Registered, TurnSlot, WaiterKey, Waker, Wakes,
+    Registered, TurnSlot, WaiterKey, Waker,
 };
 
-type Core = Gate<PyWaker>;
+/// The core plus what the binding must remember about waiters it has woken.
+pub struct Core {
+    gate: Gate<PyWaker>,
+    /// Waiters whose wake-up has been handed to their event loop but who have not yet
+    /// claimed their outcome. A loop stopped and then closed discards the callbacks it had
+    /// not run; the turns it woke would keep their slots forever, so arrivals that find no
+    /// slot free sweep this list and withdraw the turns of closed loops.
+    in_transit: Mutex<Vec<(WaiterKey, Py<PyAny>)>>,
+}
+
+impl std::ops::Deref for Core {
+    type Target = Gate<PyWaker>;
+
+    fn deref(&self) -> &Gate<PyWaker> {
+        &self.gate
+    }
+}
+
+impl Core {
+    fn new(limits: ConcurrencyLimit) -> Self {
+        Self {
+            gate: Gate::new(limits),
+            in_transit: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn delivered(&self, key: WaiterKey) {
+        self.in_transit.lock().retain(|(k, _)| *k != key);
+    }
+
+    /// Withdraws woken turns whose event loop has closed, handing their slots on.
+    fn sweep_closed_loops(&self, py: Python<'_>) {
+        let pending = std::mem::take(&mut *self.in_transit.lock());
+        if pending.is_empty() {
+            return;
+        }
+        let mut alive = Vec::with_capacity(pending.len());
+        for (key, event_loop) in pending {
+            let closed = event_loop
+                .bind(py)
+                .call_method0(pyo3::intern!(py, "is_closed"))
+                .and_then(|c| c.is_truthy())
+                .unwrap_or(false);
+            if closed {
+                let (_, wakes) = self.gate.cancel(key);
+                wakes.run();
+            } else {
+                alive.push((key, event_loop));
+            }
+        }
+        self.in_transit.lock().extend(alive);
+    }
+}
 
 /// The monotonic clock given to the gate's core (which never reads one itself) and to the
 /// RSS sampler.
@@ -50,6 +102,7 @@ pub fn _reset_after_fork() {
     for gate in gates {
         // Dropped, not woken: the futures belong to the parent's event loops.
         drop(gate.reset());
+        drop(std::mem::take(&mut *gate.in_transit.lock()));
     }
 }
 
@@ -186,9 +239,16 @@ impl PyWaker {
 impl Waker for PyWaker {
     fn wake(self) {
         Python::attach(|py| {
+            // Recorded before the wake-up can run, so the turn's claim always finds (and
+            // removes) the record.
+            self.core
+                .in_transit
+                .lock()
+                .push((self.key, self.event_loop.clone_ref(py)));
             if !self.wake_on_loop(py).unwrap_or(false) {
                 // Nobody can run this turn any more (its loop is gone): withdraw it, which
                 // hands the slot it was just given to the next waiter.
+                self.core.delivered(self.key);
                 log(
                     py,
                     "warning",
@@ -570,7 +630,7 @@ impl PyAdmissionGate {
                 sampler,
             };
             let resource_mode = AtomicU8::new(Self::mode_of(&resources, &native_resources));
-            let core = Arc::new(Gate::new(limits));
+            let core = Arc::new(Core::new(limits));
             {
                 let mut gates = GATES.lock();
                 gates.retain(|g| g.strong_count() > 0);
@@ -798,13 +858,32 @@ pub fn _panic_inside_gate(gate: &Bound<'_, PyAdmissionGate>) -> PyResult<()> {
     })
 }
 
+/// The turn's slot: owned by the admission, or shared with the human-wait hook. The hook
+/// never holds the admission itself, so an admission abandoned without `__aexit__` is still
+/// dropped, and its drop returns the slot.
+enum SlotRef {
+    Own(TurnSlot),
+    Shared(Arc<TurnSlot>),
+}
+
+impl std::ops::Deref for SlotRef {
+    type Target = TurnSlot;
+
+    fn deref(&self) -> &TurnSlot {
+        match self {
+            SlotRef::Own(slot) => slot,
+            SlotRef::Shared(slot) => slot,
+        }
+    }
+}
+
 enum AdmissionState {
     Fresh,
     /// The gate is disabled: nothing to release.
     PassThrough,
     Waiting,
     Entered {
-        slot: TurnSlot,
+        slot: SlotRef,
         token: Option<Py<PyAny>>,
     },
     Done,
@@ -830,36 +909,24 @@ impl Admission {
     /// The turn holds a slot: bind the human-wait hook and remember what to release.
     fn enter(admission: &Bound<'_, Self>, scope: Option<Arc<str>>) -> PyResult<()> {
         let py = admission.py();
-        let token = match human_wait_scope(py) {
+        let this = admission.get();
+        let (slot, token) = match human_wait_scope(py) {
             Some(var) => {
+                let slot = Arc::new(TurnSlot::new(scope));
                 let factory = Py::new(
                     py,
                     HumanWaitFactory {
-                        admission: admission.clone().unbind(),
+                        slot: slot.clone(),
+                        core: this.gate.get().core.clone(),
                     },
                 )?;
-                Some(
-                    var.call_method1(pyo3::intern!(py, "set"), (factory,))?
-                        .unbind(),
-                )
+                let token = var.call_method1(pyo3::intern!(py, "set"), (factory,))?;
+                (SlotRef::Shared(slot), Some(token.unbind()))
             }
-            None => None,
+            None => (SlotRef::Own(TurnSlot::new(scope)), None),
         };
-        *admission.get().state.lock() = AdmissionState::Entered {
-            slot: TurnSlot::new(scope),
-            token,
-        };
+        *this.state.lock() = AdmissionState::Entered { slot, token };
         Ok(())
-    }
-
-    /// Runs `f` on the turn's slot while it is inside the gate; the wakes it returns are
-    /// run after every lock is released.
-    fn with_slot(&self, f: impl FnOnce(&TurnSlot, &Core) -> Wakes<PyWaker>) {
-        let wakes = match &*self.state.lock() {
-            AdmissionState::Entered { slot, .. } => f(slot, &self.gate.get().core),
-            _ => return,
-        };
-        wakes.run();
     }
 
     fn arrive(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
@@ -880,7 +947,8 @@ impl Admission {
             return ready(py);
         }
         let session_id = this.session_id.bind(py);
-        let session: &str = session_id.cast::<PyString>()?.to_str()?;
+        let session_key = args::scope_key(session_id.cast::<PyString>()?)?;
+        let session: &str = &session_key;
         let scope = (gate.limits.max_per_scope > 0 && !session.is_empty()).then_some(session);
         let resource = gate.resource_decision(py);
         let decided = match (&gate.policy, gate.native_policy) {
@@ -891,6 +959,9 @@ impl Admission {
         };
         let (arrival, wakes) = gate.core.arrive(scope, decided, resource, now);
         wakes.run();
+        if !matches!(arrival, Arrival::Admitted(_)) {
+            gate.core.sweep_closed_loops(py);
+        }
         match arrival {
             Arrival::Admitted(scope) => {
                 Self::enter(slf, scope)?;
@@ -1032,6 +1103,9 @@ impl Wait {
         if let Some(fut) = yielded {
             let (claim, wakes) = self.core.claim(self.key);
             wakes.run();
+            if claim != Claim::Waiting {
+                self.core.delivered(self.key);
+            }
             match claim {
                 Claim::Admitted(scope) => {
                     self.state.lock().done = true;
@@ -1095,6 +1169,7 @@ impl Wait {
         }
         let (cancelled, wakes) = self.core.cancel(self.key);
         wakes.run();
+        self.core.delivered(self.key);
         Some(cancelled)
     }
 }
@@ -1158,7 +1233,8 @@ impl Drop for Wait {
 /// [`HumanWait`] for the turn that is running.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct HumanWaitFactory {
-    admission: Py<Admission>,
+    slot: Arc<TurnSlot>,
+    core: Arc<Core>,
 }
 
 #[pymethods]
@@ -1166,12 +1242,12 @@ impl HumanWaitFactory {
     #[pyo3(signature = (*_args, **_kwargs))]
     fn __call__(
         &self,
-        py: Python<'_>,
         _args: &Bound<'_, pyo3::types::PyTuple>,
         _kwargs: Option<&Bound<'_, PyDict>>,
     ) -> HumanWait {
         HumanWait {
-            admission: self.admission.clone_ref(py),
+            slot: self.slot.clone(),
+            core: self.core.clone(),
             entered: AtomicBool::new(false),
         }
     }
@@ -1179,28 +1255,25 @@ impl HumanWaitFactory {
 
 /// A sync and async context manager around one human-approval wait: the turn's run slot is
 /// lent to the queue inside it and taken back (borrowed if none is free) on exit, without
-/// ever blocking. Safe from the turn's loop and from worker threads.
+/// ever blocking. Safe from the turn's loop and from worker threads. After the turn has
+/// ended it does nothing.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct HumanWait {
-    admission: Py<Admission>,
+    slot: Arc<TurnSlot>,
+    core: Arc<Core>,
     entered: AtomicBool,
 }
 
 impl HumanWait {
     fn suspend(&self) {
         if !self.entered.swap(true, Ordering::AcqRel) {
-            self.admission
-                .get()
-                .with_slot(|slot, core| slot.suspend(core));
+            self.slot.suspend(&self.core).run();
         }
     }
 
     fn resume(&self) {
         if self.entered.swap(false, Ordering::AcqRel) {
-            self.admission.get().with_slot(|slot, core| {
-                slot.resume(core);
-                Wakes::default()
-            });
+            self.slot.resume(&self.core);
         }
     }
 }

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
-use super::args::Arg;
+use super::args::{self, Arg};
 use super::errors::{config_error, guard};
 use crate::core::policy::{ConcurrencyLimit, Decision, Facts, MemoryPressure};
 
@@ -109,27 +109,47 @@ impl PyConcurrencyLimitPolicy {
     }
 
     /// Decides for one turn from the live facts.
-    #[pyo3(signature = (*, in_flight, queued, session_id="", scope="", scope_in_flight=0, scope_queued=0))]
+    #[pyo3(
+        signature = (*, in_flight, queued, session_id=Arg(None), scope=Arg(None), scope_in_flight=Arg(None), scope_queued=Arg(None)),
+        text_signature = "($self, *, in_flight, queued, session_id='', scope='', scope_in_flight=0, scope_queued=0)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         py: Python<'_>,
-        in_flight: u64,
-        queued: u64,
-        session_id: &str,
-        scope: &str,
-        scope_in_flight: u64,
-        scope_queued: u64,
+        in_flight: &Bound<'_, PyAny>,
+        queued: &Bound<'_, PyAny>,
+        session_id: Arg,
+        scope: Arg,
+        scope_in_flight: Arg,
+        scope_queued: Arg,
     ) -> PyResult<Py<PyAny>> {
-        let _ = session_id;
         guard(|| {
-            let facts = Facts {
-                in_flight,
-                queued,
-                scope_in_flight,
-                scope_queued,
+            let text = |arg, value: &Arg| -> PyResult<bool> {
+                match &value.0 {
+                    None => Ok(false),
+                    Some(v) => match v.bind(py).cast::<pyo3::types::PyString>() {
+                        Ok(s) => Ok(s.len()? > 0),
+                        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                            "{arg} must be a str, got {}",
+                            v.bind(py).repr()?
+                        ))),
+                    },
+                }
             };
-            decision_object(py, self.limit.decide(&facts, !scope.is_empty()))
+            text("session_id", &session_id)?;
+            let scoped = text("scope", &scope)?;
+            let optional = |arg, value: &Arg| match &value.0 {
+                None => Ok(0),
+                Some(v) => args::fact(arg, v.bind(py)),
+            };
+            let facts = Facts {
+                in_flight: args::fact("in_flight", in_flight)?,
+                queued: args::fact("queued", queued)?,
+                scope_in_flight: optional("scope_in_flight", &scope_in_flight)?,
+                scope_queued: optional("scope_queued", &scope_queued)?,
+            };
+            decision_object(py, self.limit.decide(&facts, scoped))
         })
     }
 
