@@ -1065,3 +1065,47 @@ def test_panics_racing_other_threads_leave_counters_exact():
     assert not any(w.is_alive() for w in workers), "a worker is stuck"
     assert panics
     assert drained(gate) and gate.admitted == 300 and gate.peak_in_flight <= 2
+
+
+def test_closed_loop_cascade_through_many_waiters_uses_constant_stack():
+    """Regression. Before the fix, each waiter found on a closed loop withdrew and woke the
+    next one recursively: 20,000 such waiters overflowed the stack and killed the process
+    (SIGSEGV) when the slot holder left. Now the cascade is a loop, and logs one warning."""
+    script = textwrap.dedent(
+        """
+        import asyncio, logging, sys
+        import admitgate
+        warnings = []
+        class Catch(logging.Handler):
+            def emit(self, record):
+                warnings.append(record.getMessage())
+        logging.getLogger("admitgate").addHandler(Catch())
+        N = 30_000
+        gate = admitgate.build_admission_gate(
+            max_concurrent_runs=1, queue_depth=N, overflow_policy="queue"
+        )
+        loop = asyncio.new_event_loop()
+        async def waiter():
+            async with gate.admit():
+                pass
+        async def fill():
+            holder = gate.admit()
+            await holder.__aenter__()
+            tasks = [asyncio.ensure_future(waiter()) for _ in range(N)]
+            await asyncio.sleep(0)
+            return holder, tasks
+        holder, tasks = loop.run_until_complete(fill())
+        assert gate.queued == N
+        loop.close()
+        asyncio.run(holder.__aexit__(None, None, None))
+        s = gate.stats()
+        assert (s["in_flight"], s["queued"], s["cancelled"]) == (0, 0, N), s
+        assert sum("closed" in w for w in warnings) == 1, warnings
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip().endswith("ok")

@@ -43,9 +43,12 @@ use super::waiters::{Lane, WaitQueue, WaiterKey, WaiterState};
 
 /// How a waiting turn is woken. The gate calls [`Waker::wake`] outside its lock; the owner
 /// then asks [`Gate::claim`] what happened (a slot, or eviction).
-pub trait Waker: Send {
-    /// Wakes the waiter.
-    fn wake(self);
+pub trait Waker: Send + Sized {
+    /// Wakes the waiter. A waker that finds its owner gone for good (its event loop has
+    /// closed) withdraws the turn and returns the wakes that withdrawal caused; they are run
+    /// by the same loop rather than recursively, so a cascade through thousands of
+    /// abandoned waiters uses constant stack.
+    fn wake(self) -> Wakes<Self>;
 }
 
 /// Wakers to run, and wakers to drop, once the gate's lock is released.
@@ -65,12 +68,17 @@ impl<W> Default for Wakes<W> {
 }
 
 impl<W: Waker> Wakes<W> {
-    /// Wakes every collected waiter, then drops the discarded wakers.
+    /// Wakes every collected waiter (and any a failed wake hands on), in order, then drops
+    /// the discarded wakers.
     pub fn run(self) {
-        for waker in self.wake {
-            waker.wake();
+        let mut pending: std::collections::VecDeque<W> = self.wake.into();
+        let mut discarded = self.drop;
+        while let Some(waker) = pending.pop_front() {
+            let more = waker.wake();
+            pending.extend(more.wake);
+            discarded.extend(more.drop);
         }
-        drop(self.drop);
+        drop(discarded);
     }
 }
 
@@ -205,7 +213,9 @@ pub struct GateState<W> {
     cancelled: u64,
     granted_unclaimed: u64,
     peak_in_flight: u64,
-    scopes: HashMap<Arc<str>, ScopeState>,
+    /// Keyed with foldhash: several lookups per scoped turn make SipHash a third of its
+    /// cost; foldhash is seeded per process, so tenants cannot choose colliding ids.
+    scopes: HashMap<Arc<str>, ScopeState, foldhash::fast::RandomState>,
     unscoped: ScopeState,
     queue: WaitQueue<W>,
     /// Arrival number of each eligible lane's head -> that waiter's record.
@@ -213,7 +223,7 @@ pub struct GateState<W> {
 }
 
 fn lane_state<'a>(
-    scopes: &'a mut HashMap<Arc<str>, ScopeState>,
+    scopes: &'a mut HashMap<Arc<str>, ScopeState, foldhash::fast::RandomState>,
     unscoped: &'a mut ScopeState,
     scope: Option<&str>,
 ) -> &'a mut ScopeState {
@@ -239,7 +249,7 @@ impl<W> GateState<W> {
             cancelled: 0,
             granted_unclaimed: 0,
             peak_in_flight: 0,
-            scopes: HashMap::new(),
+            scopes: HashMap::default(),
             unscoped: ScopeState::default(),
             queue: WaitQueue::default(),
             ready: BTreeMap::new(),

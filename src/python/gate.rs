@@ -24,7 +24,7 @@ use super::policy::{decision_from, rss_of, PyConcurrencyLimitPolicy, PyMemoryPre
 use crate::core::rss::RssSampler;
 use crate::core::{
     Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, MemoryPressure, Overflow,
-    Registered, TurnSlot, WaiterKey, Waker,
+    Registered, TurnSlot, WaiterKey, Waker, Wakes,
 };
 
 /// The core plus what the binding must remember about waiters it has woken.
@@ -35,6 +35,8 @@ pub struct Core {
     /// not run; the turns it woke would keep their slots forever, so arrivals that find no
     /// slot free sweep this list and withdraw the turns of closed loops.
     in_transit: Mutex<Vec<(WaiterKey, Py<PyAny>)>>,
+    /// Whether the closed-loop warning was logged (once per gate, not once per waiter).
+    warned_closed_loop: AtomicBool,
 }
 
 impl std::ops::Deref for Core {
@@ -50,6 +52,7 @@ impl Core {
         Self {
             gate: Gate::new(limits),
             in_transit: Mutex::new(Vec::new()),
+            warned_closed_loop: AtomicBool::new(false),
         }
     }
 
@@ -193,6 +196,28 @@ fn human_wait_scope(py: Python<'_>) -> Option<&Bound<'_, PyAny>> {
         .map(|v| v.bind(py))
 }
 
+/// `obj.name(arg)` through `PyObject_CallMethodObjArgs`: no bound method object and no
+/// argument tuple are built, which halves the cost of the context-variable calls made on
+/// every admitted turn.
+fn call_method_one<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+    arg: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // Safety: the three pointers are live references held for the duration of the call, the
+    // variadic list ends with NULL, and the result is a new reference or NULL with an
+    // exception set, which `from_owned_ptr_or_err` turns into the error.
+    unsafe {
+        let result = pyo3::ffi::PyObject_CallMethodObjArgs(
+            obj.as_ptr(),
+            name.as_ptr(),
+            arg.as_ptr(),
+            std::ptr::null_mut::<pyo3::ffi::PyObject>(),
+        );
+        Bound::from_owned_ptr_or_err(obj.py(), result)
+    }
+}
+
 /// Resolves a waiter's future on its own loop (scheduled with `call_soon_threadsafe`).
 #[pyfunction]
 pub fn _resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -208,6 +233,8 @@ pub fn _resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
 pub struct PyWaker {
     fut: Py<PyAny>,
     event_loop: Py<PyAny>,
+    /// The thread that runs the loop (the one that created the future).
+    loop_thread: std::thread::ThreadId,
     key: WaiterKey,
     core: Arc<Core>,
 }
@@ -216,11 +243,10 @@ impl PyWaker {
     fn wake_on_loop(&self, py: Python<'_>) -> PyResult<bool> {
         let fut = self.fut.bind(py);
         let event_loop = self.event_loop.bind(py);
-        if let Some(current) = running_loop(py)? {
-            if current.is(event_loop) {
-                _resolve_waiter(fut)?;
-                return Ok(true);
-            }
+        if std::thread::current().id() == self.loop_thread {
+            // The loop's own thread: resolve directly (it schedules the task's wake-up on
+            // the loop; a closed loop refuses, which is reported as failure).
+            return Ok(_resolve_waiter(fut).is_ok());
         }
         // The loop can close between this check and the call: both are handled.
         if event_loop
@@ -237,7 +263,7 @@ impl PyWaker {
 }
 
 impl Waker for PyWaker {
-    fn wake(self) {
+    fn wake(self) -> Wakes<Self> {
         Python::attach(|py| {
             // Recorded before the wake-up can run, so the turn's claim always finds (and
             // removes) the record.
@@ -245,18 +271,20 @@ impl Waker for PyWaker {
                 .in_transit
                 .lock()
                 .push((self.key, self.event_loop.clone_ref(py)));
-            if !self.wake_on_loop(py).unwrap_or(false) {
-                // Nobody can run this turn any more (its loop is gone): withdraw it, which
-                // hands the slot it was just given to the next waiter.
-                self.core.delivered(self.key);
+            if self.wake_on_loop(py).unwrap_or(false) {
+                return Wakes::default();
+            }
+            // Nobody can run this turn any more (its loop is gone): withdraw it, which
+            // hands the slot it was just given to the next waiter.
+            self.core.delivered(self.key);
+            if !self.core.warned_closed_loop.swap(true, Ordering::Relaxed) {
                 log(
                     py,
                     "warning",
-                    "AdmissionGate: a waiting turn's event loop is closed; its slot goes to the next waiter".into(),
+                    "AdmissionGate: turns were waiting on an event loop that closed; their slots go to the next waiters".into(),
                 );
-                let (_, wakes) = self.core.cancel(self.key);
-                wakes.run();
             }
+            self.core.cancel(self.key).1
         })
     }
 }
@@ -920,7 +948,7 @@ impl Admission {
                         core: this.gate.get().core.clone(),
                     },
                 )?;
-                let token = var.call_method1(pyo3::intern!(py, "set"), (factory,))?;
+                let token = call_method_one(var, pyo3::intern!(py, "set"), factory.bind(py))?;
                 (SlotRef::Shared(slot), Some(token.unbind()))
             }
             None => (SlotRef::Own(TurnSlot::new(scope)), None),
@@ -1007,7 +1035,7 @@ impl Admission {
             if let (Some(token), Some(var)) = (token, human_wait_scope(py)) {
                 // Exited in another context (the body handed the turn to another task):
                 // the variable cannot be reset there, and nothing depends on it after exit.
-                let _ = var.call_method1(pyo3::intern!(py, "reset"), (token,));
+                let _ = call_method_one(var, pyo3::intern!(py, "reset"), token.bind(py));
             }
             slot.close(&gate.core, gate.release_pressure(py)).run();
         }
@@ -1143,6 +1171,7 @@ impl Wait {
         let waker = PyWaker {
             fut: fut.clone().unbind(),
             event_loop: event_loop.unbind(),
+            loop_thread: std::thread::current().id(),
             key: self.key,
             core: self.core.clone(),
         };

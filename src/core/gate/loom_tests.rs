@@ -18,8 +18,9 @@ use crate::core::policy::ConcurrencyLimit;
 struct Flag(Arc<AtomicUsize>);
 
 impl Waker for Flag {
-    fn wake(self) {
+    fn wake(self) -> Wakes<Self> {
         self.0.fetch_add(1, Ordering::SeqCst);
+        Wakes::default()
     }
 }
 

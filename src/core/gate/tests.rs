@@ -13,8 +13,9 @@ use crate::core::policy::ConcurrencyLimit;
 struct Counter(Arc<AtomicUsize>);
 
 impl Waker for Counter {
-    fn wake(self) {
+    fn wake(self) -> Wakes<Self> {
         self.0.fetch_add(1, Ordering::SeqCst);
+        Wakes::default()
     }
 }
 
