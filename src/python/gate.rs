@@ -8,7 +8,8 @@
 //! other), after the core's lock is released. A wait that is cancelled, closed or dropped
 //! withdraws from the core, which hands on any slot it had been granted in the meantime.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,13 +32,19 @@ use crate::core::{
 pub struct Core {
     gate: Gate<PyWaker>,
     /// Waiters whose wake-up has been handed to their event loop but who have not yet
-    /// claimed their outcome. A loop stopped and then closed discards the callbacks it had
-    /// not run; the turns it woke would keep their slots forever, so arrivals that find no
-    /// slot free sweep this list and withdraw the turns of closed loops.
-    in_transit: Mutex<Vec<(WaiterKey, Py<PyAny>)>>,
+    /// claimed their outcome, with that loop. A loop stopped and then closed discards the
+    /// callbacks it had not run; the turns it woke would keep their slots forever, so
+    /// arrivals that find no slot free sweep this map (at most every [`SWEEP_INTERVAL`])
+    /// and withdraw the turns of closed loops.
+    in_transit: Mutex<HashMap<WaiterKey, Py<PyAny>, foldhash::fast::RandomState>>,
+    /// When the last sweep ran, in nanoseconds on [`now`].
+    last_sweep: AtomicU64,
     /// Whether the closed-loop warning was logged (once per gate, not once per waiter).
     warned_closed_loop: AtomicBool,
 }
+
+/// How often arrivals that find no free slot look for turns stranded on closed loops.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
 
 impl std::ops::Deref for Core {
     type Target = Gate<PyWaker>;
@@ -51,36 +58,60 @@ impl Core {
     fn new(limits: ConcurrencyLimit) -> Self {
         Self {
             gate: Gate::new(limits),
-            in_transit: Mutex::new(Vec::new()),
+            in_transit: Mutex::new(HashMap::default()),
+            last_sweep: AtomicU64::new(0),
             warned_closed_loop: AtomicBool::new(false),
         }
     }
 
     fn delivered(&self, key: WaiterKey) {
-        self.in_transit.lock().retain(|(k, _)| *k != key);
+        self.in_transit.lock().remove(&key);
     }
 
-    /// Withdraws woken turns whose event loop has closed, handing their slots on.
+    /// Withdraws woken turns whose event loop has closed, handing their slots on. Runs at
+    /// most once per [`SWEEP_INTERVAL`]; each distinct loop is asked once.
     fn sweep_closed_loops(&self, py: Python<'_>) {
-        let pending = std::mem::take(&mut *self.in_transit.lock());
-        if pending.is_empty() {
+        let now_ns = now().as_nanos() as u64;
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(last) < SWEEP_INTERVAL.as_nanos() as u64
+            || self
+                .last_sweep
+                .compare_exchange(last, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
             return;
         }
-        let mut alive = Vec::with_capacity(pending.len());
+        let pending: Vec<(WaiterKey, Py<PyAny>)> = self
+            .in_transit
+            .lock()
+            .iter()
+            .map(|(key, event_loop)| (*key, event_loop.clone_ref(py)))
+            .collect();
+        let mut closed_loops: Vec<Py<PyAny>> = Vec::new();
+        let mut open_loops: Vec<Py<PyAny>> = Vec::new();
         for (key, event_loop) in pending {
-            let closed = event_loop
-                .bind(py)
-                .call_method0(pyo3::intern!(py, "is_closed"))
-                .and_then(|c| c.is_truthy())
-                .unwrap_or(false);
-            if closed {
-                let (_, wakes) = self.gate.cancel(key);
-                wakes.run();
+            let is_closed = if closed_loops.iter().any(|l| l.is(&event_loop)) {
+                true
+            } else if open_loops.iter().any(|l| l.is(&event_loop)) {
+                false
             } else {
-                alive.push((key, event_loop));
+                let closed = event_loop
+                    .bind(py)
+                    .call_method0(pyo3::intern!(py, "is_closed"))
+                    .and_then(|c| c.is_truthy())
+                    .unwrap_or(false);
+                if closed {
+                    closed_loops.push(event_loop.clone_ref(py));
+                } else {
+                    open_loops.push(event_loop.clone_ref(py));
+                }
+                closed
+            };
+            if is_closed {
+                self.delivered(key);
+                self.gate.cancel(key).1.run();
             }
         }
-        self.in_transit.lock().extend(alive);
     }
 }
 
@@ -106,6 +137,7 @@ pub fn _reset_after_fork() {
         // Dropped, not woken: the futures belong to the parent's event loops.
         drop(gate.reset());
         drop(std::mem::take(&mut *gate.in_transit.lock()));
+        gate.last_sweep.store(0, Ordering::Relaxed);
     }
 }
 
@@ -229,10 +261,54 @@ pub fn _resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// Wake-ups posted to one event loop from other threads. The first post of a batch
+/// schedules one `call_soon_threadsafe` of the mailbox; later posts ride along until it
+/// runs, so a burst of releases on other threads costs the loop one self-pipe write, not
+/// one per waiter. Invariant: while the list is non-empty a delivery is scheduled.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct LoopMailbox {
+    futs: Mutex<Vec<Py<PyAny>>>,
+}
+
+#[pymethods]
+impl LoopMailbox {
+    /// Resolves every future posted since the last delivery (runs on the loop, in order).
+    fn __call__(&self, py: Python<'_>) {
+        let futs = std::mem::take(&mut *self.futs.lock());
+        for fut in futs {
+            // A future already cancelled is skipped: its owner's cancellation hands on.
+            let _ = _resolve_waiter(fut.bind(py));
+        }
+    }
+}
+
+/// The mailbox of `event_loop`, kept on the loop itself; `None` for a loop that takes no
+/// attributes (then each wake-up is its own `call_soon_threadsafe`). Called on the loop's
+/// own thread, so two mailboxes are never made for one loop.
+fn mailbox_for(event_loop: &Bound<'_, PyAny>) -> Option<Py<LoopMailbox>> {
+    let py = event_loop.py();
+    let name = pyo3::intern!(py, "_admitgate_mailbox");
+    if let Ok(existing) = event_loop.getattr(name) {
+        if let Ok(mailbox) = existing.cast_into::<LoopMailbox>() {
+            return Some(mailbox.unbind());
+        }
+    }
+    let mailbox = Py::new(
+        py,
+        LoopMailbox {
+            futs: Mutex::new(Vec::new()),
+        },
+    )
+    .ok()?;
+    event_loop.setattr(name, &mailbox).ok()?;
+    Some(mailbox)
+}
+
 /// Wakes one waiting turn by resolving its future on its own event loop.
 pub struct PyWaker {
     fut: Py<PyAny>,
     event_loop: Py<PyAny>,
+    mailbox: Option<Py<LoopMailbox>>,
     /// The thread that runs the loop (the one that created the future).
     loop_thread: std::thread::ThreadId,
     key: WaiterKey,
@@ -248,17 +324,48 @@ impl PyWaker {
             // the loop; a closed loop refuses, which is reported as failure).
             return Ok(_resolve_waiter(fut).is_ok());
         }
-        // The loop can close between this check and the call: both are handled.
-        if event_loop
-            .call_method0(pyo3::intern!(py, "is_closed"))?
-            .is_truthy()?
-        {
+        if let Some(mailbox) = &self.mailbox {
+            let first = {
+                let mut futs = mailbox.get().futs.lock();
+                futs.push(self.fut.clone_ref(py));
+                futs.len() == 1
+            };
+            if !first {
+                return Ok(true); // a delivery is already scheduled
+            }
+            if self.schedule(py, mailbox.bind(py).as_any()) {
+                return Ok(true);
+            }
+            // The loop is gone. Turns whose wake-ups rode on this delivery are recovered by
+            // the closed-loop sweep; this one is withdrawn by our caller.
+            mailbox.get().futs.lock().clear();
             return Ok(false);
         }
         let resolve = pyo3::wrap_pyfunction!(_resolve_waiter, py)?;
-        Ok(event_loop
-            .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (resolve, fut))
-            .is_ok())
+        Ok(self.loop_open(py)
+            && event_loop
+                .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (resolve, fut))
+                .is_ok())
+    }
+
+    fn loop_open(&self, py: Python<'_>) -> bool {
+        !self
+            .event_loop
+            .bind(py)
+            .call_method0(pyo3::intern!(py, "is_closed"))
+            .and_then(|c| c.is_truthy())
+            .unwrap_or(true)
+    }
+
+    /// `loop.call_soon_threadsafe(callback)`; false if the loop is closed. The loop can
+    /// close between the check and the call: both are handled.
+    fn schedule(&self, py: Python<'_>, callback: &Bound<'_, PyAny>) -> bool {
+        self.loop_open(py)
+            && self
+                .event_loop
+                .bind(py)
+                .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (callback,))
+                .is_ok()
     }
 }
 
@@ -270,7 +377,7 @@ impl Waker for PyWaker {
             self.core
                 .in_transit
                 .lock()
-                .push((self.key, self.event_loop.clone_ref(py)));
+                .insert(self.key, self.event_loop.clone_ref(py));
             if self.wake_on_loop(py).unwrap_or(false) {
                 return Wakes::default();
             }
@@ -1170,6 +1277,7 @@ impl Wait {
         let fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
         let waker = PyWaker {
             fut: fut.clone().unbind(),
+            mailbox: mailbox_for(&event_loop),
             event_loop: event_loop.unbind(),
             loop_thread: std::thread::current().id(),
             key: self.key,
