@@ -4,9 +4,11 @@
 //! the shared, already-finished [`Ready`] awaitable is returned, so no event-loop callback is
 //! scheduled and no thread is crossed. A turn that must wait gets a [`Wait`]: an awaitable
 //! that yields an asyncio future created on the caller's own loop. Whoever frees a slot
-//! resolves that future (directly on the loop's thread, with `call_soon_threadsafe` from any
-//! other), after the core's lock is released. A wait that is cancelled, closed or dropped
-//! withdraws from the core, which hands on any slot it had been granted in the meantime.
+//! resolves that future after the core's lock is released: directly on the loop's own
+//! thread, and from any other thread through the loop's [`LoopMailbox`] (one
+//! `call_soon_threadsafe` per burst). A wait that is cancelled, closed or dropped withdraws
+//! from the core, which hands on any slot it had been granted in the meantime; turns woken
+//! on a loop that then closes without running them are withdrawn by a periodic sweep.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -87,32 +89,29 @@ impl Core {
             .iter()
             .map(|(key, event_loop)| (*key, event_loop.clone_ref(py)))
             .collect();
-        let mut closed_loops: Vec<Py<PyAny>> = Vec::new();
-        let mut open_loops: Vec<Py<PyAny>> = Vec::new();
+        // Each distinct loop is asked once; an error reads as open (withdraw nobody by mistake).
+        let mut verdicts: Vec<(Py<PyAny>, bool)> = Vec::new();
         for (key, event_loop) in pending {
-            let is_closed = if closed_loops.iter().any(|l| l.is(&event_loop)) {
-                true
-            } else if open_loops.iter().any(|l| l.is(&event_loop)) {
-                false
-            } else {
-                let closed = event_loop
-                    .bind(py)
-                    .call_method0(pyo3::intern!(py, "is_closed"))
-                    .and_then(|c| c.is_truthy())
-                    .unwrap_or(false);
-                if closed {
-                    closed_loops.push(event_loop.clone_ref(py));
-                } else {
-                    open_loops.push(event_loop.clone_ref(py));
+            let closed = match verdicts.iter().find(|(l, _)| l.is(&event_loop)) {
+                Some((_, closed)) => *closed,
+                None => {
+                    let closed = loop_is_closed(event_loop.bind(py)).unwrap_or(false);
+                    verdicts.push((event_loop, closed));
+                    closed
                 }
-                closed
             };
-            if is_closed {
+            if closed {
                 self.delivered(key);
                 self.gate.cancel(key).1.run();
             }
         }
     }
+}
+
+fn loop_is_closed(event_loop: &Bound<'_, PyAny>) -> PyResult<bool> {
+    event_loop
+        .call_method0(pyo3::intern!(event_loop.py(), "is_closed"))?
+        .is_truthy()
 }
 
 /// The monotonic clock given to the gate's core (which never reads one itself) and to the
@@ -349,12 +348,7 @@ impl PyWaker {
     }
 
     fn loop_open(&self, py: Python<'_>) -> bool {
-        !self
-            .event_loop
-            .bind(py)
-            .call_method0(pyo3::intern!(py, "is_closed"))
-            .and_then(|c| c.is_truthy())
-            .unwrap_or(true)
+        !loop_is_closed(self.event_loop.bind(py)).unwrap_or(true)
     }
 
     /// `loop.call_soon_threadsafe(callback)`; false if the loop is closed. The loop can
@@ -578,38 +572,36 @@ impl PyAdmissionGate {
                 }
             }
         }
-        let (native, policy, sampler) = {
+        // A configuration that calls into Python: take what is needed, release the lock,
+        // then call.
+        let (policy, sampler) = {
             let resources = self.resources.read();
-            let native = match &resources.policy {
-                ResourcePolicy::Native(ladder) => Some(*ladder),
-                _ => None,
-            };
             let policy = match &resources.policy {
-                ResourcePolicy::Foreign(p) => Some(p.clone_ref(py)),
-                _ => None,
+                ResourcePolicy::Native(ladder) => Ok(*ladder),
+                ResourcePolicy::Foreign(policy) => Err(policy.clone_ref(py)),
+                ResourcePolicy::None => return Decision::Admit,
             };
             let sampler = match &resources.sampler {
-                Sampler::Builtin(s) => Ok(s.clone_ref(py)),
-                Sampler::Foreign(s) => Err(Some(s.clone_ref(py))),
-                Sampler::None => Err(None),
+                Sampler::Builtin(builtin) => Ok(builtin.get().sampler.clone()),
+                Sampler::Foreign(foreign) => Err(foreign.clone_ref(py)),
+                Sampler::None => return Decision::Admit,
             };
-            (native, policy, sampler)
+            (policy, sampler)
         };
-        if let (Some(ladder), Ok(builtin)) = (native, &sampler) {
-            return ladder.evaluate(builtin.get().read_mb(py));
-        }
+        let read = |sampler: Result<Arc<RssSampler>, Py<PyAny>>| -> PyResult<Bound<'_, PyAny>> {
+            match sampler {
+                Ok(builtin) => resource_sample(py, read_builtin(py, &builtin)),
+                Err(foreign) => foreign.bind(py).call_method0(pyo3::intern!(py, "read")),
+            }
+        };
         let outcome = (|| -> PyResult<Decision> {
-            let sample = match &sampler {
-                Ok(builtin) => builtin.get().sample(py)?,
-                Err(Some(foreign)) => foreign.bind(py).call_method0(pyo3::intern!(py, "read"))?,
-                Err(None) => return Ok(Decision::Admit),
-            };
-            match (native, policy) {
-                (Some(ladder), _) => Ok(ladder.evaluate(rss_of(&sample)?)),
-                (None, Some(policy)) => {
+            match (policy, sampler) {
+                (Ok(ladder), Ok(builtin)) => Ok(ladder.evaluate(read_builtin(py, &builtin))),
+                (Ok(ladder), foreign) => Ok(ladder.evaluate(rss_of(&read(foreign)?)?)),
+                (Err(policy), sampler) => {
                     let answer = policy
                         .bind(py)
-                        .call_method1(pyo3::intern!(py, "evaluate"), (sample,))?;
+                        .call_method1(pyo3::intern!(py, "evaluate"), (read(sampler)?,))?;
                     decision_from(&answer).ok_or_else(|| {
                         PyTypeError::new_err(format!(
                             "evaluate() returned {}, not an AdmissionDecision",
@@ -617,7 +609,6 @@ impl PyAdmissionGate {
                         ))
                     })
                 }
-                (None, None) => Ok(Decision::Admit),
             }
         })();
         outcome.unwrap_or_else(|err| {
@@ -1492,17 +1483,14 @@ impl PyRssSampler {
         all.push(Arc::downgrade(&sampler));
         Self { sampler }
     }
+}
 
-    fn read_mb(&self, py: Python<'_>) -> Option<f64> {
-        read_builtin(py, &self.sampler)
-    }
-
-    fn sample<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let cls = RESOURCE_SAMPLE.import(py, "admitgate._types", "ResourceSample")?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("rss_mb", self.read_mb(py))?;
-        cls.call((), Some(&kwargs))
-    }
+/// A `ResourceSample(rss_mb=...)`.
+fn resource_sample(py: Python<'_>, rss_mb: Option<f64>) -> PyResult<Bound<'_, PyAny>> {
+    let cls = RESOURCE_SAMPLE.import(py, "admitgate._types", "ResourceSample")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("rss_mb", rss_mb)?;
+    cls.call((), Some(&kwargs))
 }
 
 #[pymethods]
@@ -1514,7 +1502,7 @@ impl PyRssSampler {
 
     /// A `ResourceSample` of the process's RSS (`rss_mb=None` when unavailable).
     fn read<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        guard(|| self.sample(py))
+        guard(|| resource_sample(py, read_builtin(py, &self.sampler)))
     }
 
     /// How stale a reading may be, in seconds.
