@@ -14,22 +14,50 @@ use std::time::Duration;
 use super::*;
 use crate::core::policy::ConcurrencyLimit;
 
+/// Counts wake-ups and unparks the waiting thread, so waiters block (as loom can model)
+/// instead of spinning.
 #[derive(Clone)]
-struct Flag(Arc<AtomicUsize>);
+struct Flag {
+    woken: Arc<AtomicUsize>,
+    thread: Option<thread::Thread>,
+}
 
 impl Waker for Flag {
     fn wake(self) -> Wakes<Self> {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.woken.fetch_add(1, Ordering::SeqCst);
+        if let Some(thread) = &self.thread {
+            thread.unpark();
+        }
         Wakes::default()
     }
 }
 
 impl Flag {
+    /// A flag that wakes the current thread, which will `wait` on it.
     fn new() -> Self {
-        Self(Arc::new(AtomicUsize::new(0)))
+        Self {
+            woken: Arc::new(AtomicUsize::new(0)),
+            thread: Some(thread::current()),
+        }
     }
+
+    /// A flag that only counts (nobody parks on it: a stray unpark would disturb `join`).
+    fn counting() -> Self {
+        Self {
+            woken: Arc::new(AtomicUsize::new(0)),
+            thread: None,
+        }
+    }
+
     fn woken(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
+        self.woken.load(Ordering::SeqCst)
+    }
+
+    /// Parks until woken.
+    fn wait(&self) {
+        while self.woken() == 0 {
+            thread::park();
+        }
     }
 }
 
@@ -75,9 +103,7 @@ fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) 
                 };
             }
             if registered == Registered::Waiting {
-                while flag.woken() == 0 {
-                    thread::yield_now();
-                }
+                flag.wait();
             }
             let (claim, wakes) = g.claim(key);
             wakes.run();
@@ -161,7 +187,7 @@ fn loom_release_races_cancel_of_granted_waiter() {
         let Arrival::Queued(k1) = q1 else { panic!() };
         let (q2, _) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
         let Arrival::Queued(k2) = q2 else { panic!() };
-        let f2 = Flag::new();
+        let f2 = Flag::counting();
         assert_eq!(g.register(k2, f2.clone()).0, Registered::Waiting);
         let releaser = {
             let g = g.clone();
@@ -218,15 +244,12 @@ fn loom_shed_oldest_eviction_races_release() {
             }
             Claim::Shed => End::Shed,
             Claim::Waiting => {
-                // The newcomer ran first and released; the victim is next.
-                let (c, wakes) = loop {
-                    let (c, w) = g.claim(victim);
-                    if c != Claim::Waiting {
-                        break (c, w);
-                    }
-                    drop(w);
-                    thread::yield_now();
-                };
+                // The newcomer ran first and holds the slot; the victim is next.
+                let flag = Flag::new();
+                if g.register(victim, flag.clone()).0 == Registered::Waiting {
+                    flag.wait();
+                }
+                let (c, wakes) = g.claim(victim);
                 wakes.run();
                 match c {
                     Claim::Admitted(key) => {
