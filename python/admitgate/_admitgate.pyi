@@ -98,6 +98,10 @@ class MemoryPressurePolicy:
         soft_rss_mb: float | int | str | None = 0.0,
         hard_rss_mb: float | int | str | None = 0.0,
     ) -> MemoryPressurePolicy: ...
+    @staticmethod
+    def from_max_rss_mb(max_rss_mb: Any, soft_ratio: Any) -> MemoryPressurePolicy | None:
+        """The ladder for one hard ceiling ``max_rss_mb`` (MiB), soft at ``soft_ratio``
+        (clamped to ``[0, 1]``) of it; ``None`` when the ceiling is 0 or ``None``."""
     @property
     def soft_rss_mb(self) -> float:
         """Soft (queue) threshold in MiB; 0.0 when unset."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ._admitgate import AdmissionGate, ConcurrencyLimitPolicy, MemoryPressurePolicy
@@ -23,28 +22,7 @@ def build_memory_pressure_policy(
     A negative, non-numeric, NaN or infinite ``max_rss_mb`` or ``soft_ratio`` raises
     ``ValueError``: a typo must not silently turn memory protection off.
     """
-    if _unset(max_rss_mb):
-        return None
-    hard = _number("max_rss_mb", max_rss_mb)
-    if hard < 0:
-        raise ValueError(f"max_rss_mb must be >= 0, got {max_rss_mb!r}")
-    ratio = _number("soft_ratio", soft_ratio)
-    if hard == 0:
-        return None
-    soft = min(1.0, max(0.0, ratio)) * hard
-    return MemoryPressurePolicy(soft_rss_mb=soft, hard_rss_mb=hard)
-
-
-def _number(arg: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{arg} must be a number, got {value!r}")
-    try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{arg} must be a finite number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{arg} must be a finite number, got {value!r}")
-    return number
+    return MemoryPressurePolicy.from_max_rss_mb(max_rss_mb, soft_ratio)
 
 
 def build_admission_gate(

@@ -73,6 +73,13 @@ pub fn threshold(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     if value.is_none() {
         return Ok(0.0);
     }
+    let as_float = number(arg, value)?;
+    check_threshold(arg, as_float).map_err(|err| PyValueError::new_err(err.describe(&repr(value))))
+}
+
+/// Any number (int, float, numeric string or `__float__`), refusing booleans and values too
+/// large for a float, with a message naming the argument. Not yet checked for finiteness.
+pub fn number(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     let not_a_number =
         || PyValueError::new_err(format!("{arg} must be a number, got {}", repr(value)));
     let as_float: f64 = if value.is_instance_of::<PyBool>() {
@@ -92,7 +99,7 @@ pub fn threshold(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     } else {
         return Err(not_a_number());
     };
-    check_threshold(arg, as_float).map_err(|err| PyValueError::new_err(err.describe(&repr(value))))
+    Ok(as_float)
 }
 
 /// An overflow policy name; `None` or empty means `reject`.

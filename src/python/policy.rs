@@ -187,6 +187,28 @@ impl PyMemoryPressurePolicy {
         })
     }
 
+    /// The ladder for one hard ceiling `max_rss_mb` (MiB), with the soft threshold at
+    /// `soft_ratio` (clamped to `[0, 1]`) of it; `None` when the ceiling is 0 or `None`.
+    #[staticmethod]
+    #[pyo3(signature = (max_rss_mb, soft_ratio))]
+    fn from_max_rss_mb(
+        py: Python<'_>,
+        max_rss_mb: &Bound<'_, PyAny>,
+        soft_ratio: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Py<Self>>> {
+        guard(|| {
+            let hard = args::threshold("max_rss_mb", max_rss_mb)?;
+            let ratio = args::number("soft_ratio", soft_ratio)?;
+            match MemoryPressure::from_ceiling(hard, ratio) {
+                Ok(Some(ladder)) => Ok(Some(Py::new(py, Self { ladder })?)),
+                Ok(None) => Ok(None),
+                Err(err) => Err(pyo3::exceptions::PyValueError::new_err(
+                    err.describe(&soft_ratio.repr()?.to_string()),
+                )),
+            }
+        })
+    }
+
     /// Soft (queue) threshold in MiB; 0.0 when unset.
     #[getter]
     fn soft_rss_mb(&self) -> f64 {
