@@ -23,7 +23,7 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use _admitgate::core::{
-    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Registered, TurnSlot, WaiterKey, Waker,
+    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Registered, TurnSlot, WaiterKey, Waker, Wakes,
 };
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
