@@ -205,7 +205,7 @@ class Admission:
 
     @property
     def waited(self) -> bool:
-        """Whether the turn waited in the queue before it was admitted."""
+        """Whether the turn had to wait for a slot (it was not granted one on arrival)."""
     @property
     def active(self) -> bool:
         """Whether the turn is inside the gate (holding, or lending, its slot)."""

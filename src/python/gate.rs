@@ -1119,6 +1119,7 @@ impl Admission {
                     state: Mutex::new(WaitState {
                         fut: None,
                         done: false,
+                        parked: false,
                     }),
                 },
             )?
@@ -1143,7 +1144,7 @@ impl Admission {
 
 #[pymethods]
 impl Admission {
-    /// Whether the turn waited in the queue before it was admitted.
+    /// Whether the turn had to wait for a slot (it was not granted one on arrival).
     #[getter]
     fn waited(&self) -> bool {
         self.waited.load(Ordering::Relaxed)
@@ -1196,6 +1197,8 @@ impl Drop for Admission {
 struct WaitState {
     fut: Option<Py<PyAny>>,
     done: bool,
+    /// Whether the turn had to wait to be woken (not granted a slot on arrival).
+    parked: bool,
 }
 
 /// A queued turn's awaitable: yields a future on the caller's loop until a slot is granted
@@ -1235,7 +1238,8 @@ impl Wait {
             match claim {
                 Claim::Admitted(scope) => {
                     self.state.lock().done = true;
-                    self.admission.get().waited.store(true, Ordering::Relaxed);
+                    let parked = self.state.lock().parked;
+                    self.admission.get().waited.store(parked, Ordering::Relaxed);
                     Admission::enter(self.admission.bind(py), scope)?;
                     return Ok(None);
                 }
@@ -1275,7 +1279,9 @@ impl Wait {
             core: self.core.clone(),
         };
         let (registered, _) = self.core.register(self.key, waker);
-        if registered != Registered::Waiting {
+        if registered == Registered::Waiting {
+            self.state.lock().parked = true;
+        } else {
             // Settled before we could wait (granted by a release, or shed). Still yield
             // once, with the future already resolved: the turn then starts after the
             // waiters woken before it, in the order the loop runs their callbacks.
