@@ -980,6 +980,58 @@ def test_fork_child_starts_with_an_empty_gate():
     assert drained(gate) and gate.admitted == 3
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_child_ignores_the_parents_turns_ending():
+    """The parent's turn ending in the child (its coroutine finishing, or being collected)
+    must not return a slot to the child's gate: that would let the child over-admit."""
+    gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=4)
+    parent_turn = gate.admit(session_id="parent")
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(parent_turn.__aenter__())
+    assert gate.in_flight == 1
+
+    def child():
+        assert gate.in_flight == 0
+
+        async def main():
+            async with gate.admit(session_id="child"):
+                assert gate.in_flight == 1
+                await parent_turn.__aexit__(None, None, None)
+                assert gate.in_flight == 1, "the parent's exit returned the child's slot"
+                with pytest.raises(admitgate.AdmissionRejected):
+                    # The only slot is still the child's: once the queue is full, the
+                    # next arrival is rejected (it would run if the slot had been freed).
+                    await asyncio.wait_for(_fill_and_overflow(gate), 2)
+
+        asyncio.run(main())
+        s = gate.stats()
+        assert (s["in_flight"], s["queued"]) == (0, 0), s
+
+    code, message = _in_forked_child(child)
+    assert code == 0, message
+    loop.run_until_complete(parent_turn.__aexit__(None, None, None))
+    loop.close()
+    assert drained(gate)
+
+
+async def _fill_and_overflow(gate):
+    """Fills the queue of a gate whose only slot is held, then overflows it."""
+    waiters = [asyncio.ensure_future(_one_turn(gate)) for _ in range(4)]
+    await asyncio.sleep(0)
+    try:
+        async with gate.admit():
+            pass
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def _one_turn(gate):
+    async with gate.admit():
+        pass
+
+
 # -- 6. panics ---------------------------------------------------------------------------------
 
 

@@ -619,8 +619,11 @@ impl<W> GateState<W> {
     /// Forgets every turn and counter (the parent's turns after `fork()` are not the
     /// child's). The wakers are handed back to be dropped, never woken.
     pub fn reset(&mut self, wakes: &mut Wakes<W>) {
-        wakes.drop.extend(self.queue.drain_wakers());
+        wakes.drop.extend(self.queue.clear());
+        // The slab is kept, so keys handed out before the reset stay invalid.
+        let queue = std::mem::take(&mut self.queue);
         *self = Self::new(self.limits);
+        self.queue = queue;
     }
 
     /// A snapshot of the counters.
@@ -860,11 +863,6 @@ impl TurnSlot {
         } else {
             gate.with(|state, _| state.end_suspended()).1
         }
-    }
-
-    /// Whether the turn has ended.
-    pub fn is_closed(&self) -> bool {
-        self.state.lock().closed
     }
 
     /// Whether the turn holds its slot (not lent to a human wait, not ended).

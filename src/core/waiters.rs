@@ -270,14 +270,23 @@ impl<W> WaitQueue<W> {
         }
     }
 
-    /// Removes every record, returning all wakers (to be dropped outside the lock).
-    pub fn drain_wakers(&mut self) -> Vec<W> {
-        let wakers = self
-            .nodes
-            .iter_mut()
-            .filter_map(|n| n.waker.take())
-            .collect();
-        *self = Self::default();
+    /// Frees every record, returning all wakers (to be dropped outside the lock). The
+    /// generations move on, so no key handed out before stays valid (after `fork()`, the
+    /// parent's waiters must not name the child's).
+    pub fn clear(&mut self) -> Vec<W> {
+        let mut wakers = Vec::new();
+        self.free_head = NIL;
+        self.all = Lane::default();
+        for (index, node) in self.nodes.iter_mut().enumerate().rev() {
+            if node.occupied {
+                node.occupied = false;
+                node.generation = node.generation.wrapping_add(1);
+                node.scope = None;
+            }
+            wakers.extend(node.waker.take());
+            node.next_free = self.free_head;
+            self.free_head = index as u32;
+        }
         wakers
     }
 
@@ -341,5 +350,12 @@ mod tests {
         let i2 = q.resolve(k2).unwrap();
         q.unlink(i2, &mut b, WaiterState::Granted);
         assert_eq!(q.iter_all().collect::<Vec<_>>(), vec![0]);
+        let k5 = q.push(&mut a, None, Duration::ZERO);
+        assert_eq!(q.clear().len(), 0, "no wakers were registered");
+        assert!(q.is_empty() && q.records() == 0);
+        assert_eq!(q.resolve(k4), None, "clear invalidates every key");
+        assert_eq!(q.resolve(k5), None);
+        let k6 = q.push(&mut Lane::default(), None, Duration::ZERO);
+        assert!(q.resolve(k6).is_some());
     }
 }

@@ -43,6 +43,9 @@ pub struct Core {
     last_sweep: AtomicU64,
     /// Whether the closed-loop warning was logged (once per gate, not once per waiter).
     warned_closed_loop: AtomicBool,
+    /// Bumped when a forked child empties the gate: slots of turns entered before (the
+    /// parent's) must not be returned to the child's counts.
+    epoch: AtomicU64,
 }
 
 /// How often arrivals that find no free slot look for turns stranded on closed loops.
@@ -63,7 +66,12 @@ impl Core {
             in_transit: Mutex::new(HashMap::default()),
             last_sweep: AtomicU64::new(0),
             warned_closed_loop: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
         }
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
     }
 
     fn delivered(&self, key: WaiterKey) {
@@ -137,6 +145,7 @@ pub fn _reset_after_fork() {
         drop(gate.reset());
         drop(std::mem::take(&mut *gate.in_transit.lock()));
         gate.last_sweep.store(0, Ordering::Relaxed);
+        gate.epoch.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -1011,6 +1020,8 @@ enum AdmissionState {
     Entered {
         slot: SlotRef,
         token: Option<Py<PyAny>>,
+        /// The gate's epoch when the turn entered (see [`Core::epoch`]).
+        epoch: u64,
     },
     Done,
 }
@@ -1036,6 +1047,8 @@ impl Admission {
     fn enter(admission: &Bound<'_, Self>, scope: Option<Arc<str>>) -> PyResult<()> {
         let py = admission.py();
         let this = admission.get();
+        let core = &this.gate.get().core;
+        let epoch = core.epoch();
         let (slot, token) = match human_wait_scope(py) {
             Some(var) => {
                 let slot = Arc::new(TurnSlot::new(scope));
@@ -1043,7 +1056,8 @@ impl Admission {
                     py,
                     HumanWaitFactory {
                         slot: slot.clone(),
-                        core: this.gate.get().core.clone(),
+                        core: core.clone(),
+                        epoch,
                     },
                 )?;
                 let token = call_method_one(var, pyo3::intern!(py, "set"), factory.bind(py))?;
@@ -1051,7 +1065,7 @@ impl Admission {
             }
             None => (SlotRef::Own(TurnSlot::new(scope)), None),
         };
-        *this.state.lock() = AdmissionState::Entered { slot, token };
+        *this.state.lock() = AdmissionState::Entered { slot, token, epoch };
         Ok(())
     }
 
@@ -1129,14 +1143,16 @@ impl Admission {
 
     fn leave(&self, py: Python<'_>) -> PyResult<()> {
         let previous = std::mem::replace(&mut *self.state.lock(), AdmissionState::Done);
-        if let AdmissionState::Entered { slot, token } = previous {
+        if let AdmissionState::Entered { slot, token, epoch } = previous {
             let gate = self.gate.get();
             if let (Some(token), Some(var)) = (token, human_wait_scope(py)) {
                 // Exited in another context (the body handed the turn to another task):
                 // the variable cannot be reset there, and nothing depends on it after exit.
                 let _ = call_method_one(var, pyo3::intern!(py, "reset"), token.bind(py));
             }
-            slot.close(&gate.core, gate.release_pressure(py)).run();
+            if epoch == gate.core.epoch() {
+                slot.close(&gate.core, gate.release_pressure(py)).run();
+            }
         }
         Ok(())
     }
@@ -1178,10 +1194,13 @@ impl Drop for Admission {
         // A turn abandoned without __aexit__ (its coroutine was never finished) still
         // returns its slot exactly once. A panic must not unwind out of a destructor the
         // interpreter calls, so it is contained and reported as unraisable.
-        if let AdmissionState::Entered { slot, .. } =
+        if let AdmissionState::Entered { slot, epoch, .. } =
             std::mem::replace(self.state.get_mut(), AdmissionState::Done)
         {
             let core = self.gate.get().core.clone();
+            if epoch != core.epoch() {
+                return; // a turn of the parent process, forgotten by the forked child
+            }
             Python::attach(|py| {
                 if let Err(err) = guard(|| {
                     slot.close(&core, None).run();
@@ -1369,6 +1388,7 @@ impl Drop for Wait {
 pub struct HumanWaitFactory {
     slot: Arc<TurnSlot>,
     core: Arc<Core>,
+    epoch: u64,
 }
 
 #[pymethods]
@@ -1382,6 +1402,7 @@ impl HumanWaitFactory {
         HumanWait {
             slot: self.slot.clone(),
             core: self.core.clone(),
+            epoch: self.epoch,
             entered: AtomicBool::new(false),
         }
     }
@@ -1395,18 +1416,24 @@ impl HumanWaitFactory {
 pub struct HumanWait {
     slot: Arc<TurnSlot>,
     core: Arc<Core>,
+    epoch: u64,
     entered: AtomicBool,
 }
 
 impl HumanWait {
+    /// Whether the turn belongs to this process's gate (not a parent's, before a fork).
+    fn current(&self) -> bool {
+        self.epoch == self.core.epoch()
+    }
+
     fn suspend(&self) {
-        if !self.entered.swap(true, Ordering::AcqRel) {
+        if !self.entered.swap(true, Ordering::AcqRel) && self.current() {
             self.slot.suspend(&self.core).run();
         }
     }
 
     fn resume(&self) {
-        if self.entered.swap(false, Ordering::AcqRel) {
+        if self.entered.swap(false, Ordering::AcqRel) && self.current() {
             self.slot.resume(&self.core);
         }
     }
