@@ -1052,16 +1052,25 @@ impl Admission {
         let (slot, token) = match human_wait_scope(py) {
             Some(var) => {
                 let slot = Arc::new(TurnSlot::new(scope));
-                let factory = Py::new(
+                let bound = Py::new(
                     py,
                     HumanWaitFactory {
                         slot: slot.clone(),
                         core: core.clone(),
                         epoch,
                     },
-                )?;
-                let token = call_method_one(var, pyo3::intern!(py, "set"), factory.bind(py))?;
-                (SlotRef::Shared(slot), Some(token.unbind()))
+                )
+                .and_then(|factory| {
+                    call_method_one(var, pyo3::intern!(py, "set"), factory.bind(py))
+                });
+                match bound {
+                    Ok(token) => (SlotRef::Shared(slot), Some(token.unbind())),
+                    Err(err) => {
+                        // The turn will not run: its slot goes straight back.
+                        slot.close(core, None).run();
+                        return Err(err);
+                    }
+                }
             }
             None => (SlotRef::Own(TurnSlot::new(scope)), None),
         };
@@ -1124,7 +1133,7 @@ impl Admission {
                 );
                 Err(rejection(py, reason.as_str()))
             }
-            Arrival::Queued(key) => Ok(Py::new(
+            Arrival::Queued(key) => Py::new(
                 py,
                 Wait {
                     admission: slf.clone().unbind(),
@@ -1136,8 +1145,13 @@ impl Admission {
                         parked: false,
                     }),
                 },
-            )?
-            .into_any()),
+            )
+            .map(Py::into_any)
+            .map_err(|err| {
+                // Nobody will wait for this turn: withdraw it.
+                gate.core.cancel(key).1.run();
+                err
+            }),
         }
     }
 
