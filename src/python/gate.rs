@@ -1147,10 +1147,9 @@ impl Admission {
                 },
             )
             .map(Py::into_any)
-            .map_err(|err| {
+            .inspect_err(|_| {
                 // Nobody will wait for this turn: withdraw it.
                 gate.core.cancel(key).1.run();
-                err
             }),
         }
     }
