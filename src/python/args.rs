@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
-use crate::core::policy::{check_count, check_threshold, Overflow};
+use crate::core::policy::{check_count, check_threshold, ConfigError, Overflow};
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
     value
@@ -24,34 +24,21 @@ pub fn count(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<u32> {
     let as_int: i64 = if value.is_instance_of::<PyBool>() {
         return Err(not_an_integer(arg, value));
     } else if value.is_instance_of::<PyInt>() {
-        match value.extract::<i64>() {
-            Ok(v) => v,
-            // Beyond i64: certainly beyond the limit; report it with its Python repr.
-            Err(_) => {
-                let sign = value.lt(0i64).unwrap_or(false);
-                let limit = if sign {
-                    "must be >= 0"
-                } else {
-                    "must be <= 2147483647"
-                };
-                return Err(PyValueError::new_err(format!(
-                    "{arg} {limit}, got {}",
-                    repr(value)
-                )));
+        // Beyond i64 is beyond any limit: saturate, and the range check below reports it
+        // (with the caller's own spelling of the value).
+        value.extract::<i64>().unwrap_or_else(|_| {
+            if value.lt(0i64).unwrap_or(false) {
+                i64::MIN
+            } else {
+                i64::MAX
             }
-        }
+        })
     } else if value.is_instance_of::<PyFloat>() {
         let f: f64 = value.extract()?;
         if !f.is_finite() || f.fract() != 0.0 {
             return Err(not_an_integer(arg, value));
         }
-        if f.abs() > 1e15 {
-            return Err(PyValueError::new_err(format!(
-                "{arg} must be <= 2147483647, got {}",
-                repr(value)
-            )));
-        }
-        f as i64
+        f as i64 // saturating: the range check below reports huge values
     } else if let Ok(text) = value.cast::<PyString>() {
         let text = text.to_str()?;
         text.trim()
@@ -107,18 +94,11 @@ pub fn overflow(value: &Bound<'_, PyAny>) -> PyResult<Overflow> {
     if value.is_none() {
         return Ok(Overflow::Reject);
     }
-    match value.cast::<PyString>() {
-        Ok(text) => Overflow::parse(text.to_str()?).map_err(|_| {
-            PyValueError::new_err(format!(
-                "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {}",
-                repr(value)
-            ))
-        }),
-        Err(_) => Err(PyValueError::new_err(format!(
-            "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {}",
-            repr(value)
-        ))),
-    }
+    let parsed = match value.cast::<PyString>() {
+        Ok(text) => Overflow::parse(text.to_str()?),
+        Err(_) => Err(ConfigError::UnknownOverflow { value: repr(value) }),
+    };
+    parsed.map_err(|err| PyValueError::new_err(err.describe(&repr(value))))
 }
 
 /// A keyword argument that tells "not given" (`Arg(None)`, the signature default) from an
