@@ -626,8 +626,9 @@ impl<W> GateState<W> {
         self.queue = queue;
     }
 
-    /// A snapshot of the counters.
-    pub fn stats(&self, now: Duration) -> Stats {
+    /// A snapshot of the counters. `now` (the caller's clock) is read only when someone
+    /// waits, to age the oldest waiter: reading counters costs no clock read.
+    pub fn stats(&self, now: impl FnOnce() -> Duration) -> Stats {
         Stats {
             in_flight: self.in_flight,
             queued: self.queue.len(),
@@ -642,7 +643,7 @@ impl<W> GateState<W> {
             oldest_wait: self
                 .queue
                 .oldest()
-                .map(|index| now.saturating_sub(self.queue.get(index).enqueued_at)),
+                .map(|index| now().saturating_sub(self.queue.get(index).enqueued_at)),
         }
     }
 
@@ -773,7 +774,7 @@ impl<W> Gate<W> {
     }
 
     /// See [`GateState::stats`].
-    pub fn stats(&self, now: Duration) -> Stats {
+    pub fn stats(&self, now: impl FnOnce() -> Duration) -> Stats {
         self.state.lock().stats(now)
     }
 

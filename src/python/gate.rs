@@ -819,50 +819,50 @@ impl PyAdmissionGate {
     /// Turns holding a run slot (including turns granted one that have not started yet).
     #[getter]
     fn in_flight(&self) -> u64 {
-        self.core.stats(now()).in_flight
+        self.core.stats(now).in_flight
     }
 
     /// Turns waiting for a slot.
     #[getter]
     fn queued(&self) -> u64 {
-        self.core.stats(now()).queued
+        self.core.stats(now).queued
     }
 
     /// Turns that started running.
     #[getter]
     fn admitted(&self) -> u64 {
-        self.core.stats(now()).admitted
+        self.core.stats(now).admitted
     }
 
     /// Turns refused on arrival.
     #[getter]
     fn rejected(&self) -> u64 {
-        self.core.stats(now()).rejected
+        self.core.stats(now).rejected
     }
 
     /// Waiters evicted by `shed_oldest`.
     #[getter]
     fn shed(&self) -> u64 {
-        self.core.stats(now()).shed
+        self.core.stats(now).shed
     }
 
     /// Turns withdrawn while queued (cancelled, timed out, their loop closed), or cancelled
     /// between being granted a slot and starting.
     #[getter]
     fn cancelled(&self) -> u64 {
-        self.core.stats(now()).cancelled
+        self.core.stats(now).cancelled
     }
 
     /// Admitted turns parked on a human approval, not holding a slot.
     #[getter]
     fn awaiting_human(&self) -> u64 {
-        self.core.stats(now()).awaiting_human
+        self.core.stats(now).awaiting_human
     }
 
     /// A snapshot of the counters, with the reference's keys (plus `cancelled`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         guard(|| {
-            let s = self.core.stats(now());
+            let s = self.core.stats(now);
             let max_rss_mb = match &self.resources.read().policy_object {
                 Some(p) => p
                     .bind(py)
@@ -892,13 +892,13 @@ impl PyAdmissionGate {
     /// The most turns that were ever in flight at once.
     #[getter]
     fn peak_in_flight(&self) -> u64 {
-        self.core.stats(now()).peak_in_flight
+        self.core.stats(now).peak_in_flight
     }
 
     /// Seconds the oldest waiter has waited, or `None` when nobody waits.
     #[getter]
     fn oldest_wait_seconds(&self) -> Option<f64> {
-        self.core.stats(now()).oldest_wait.map(|d| d.as_secs_f64())
+        self.core.stats(now).oldest_wait.map(|d| d.as_secs_f64())
     }
 
     /// The concurrency policy the gate was built with (`None` for a resource-only gate).
@@ -965,7 +965,7 @@ impl PyAdmissionGate {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let s = self.core.stats(now());
+        let s = self.core.stats(now);
         format!(
             "<AdmissionGate enabled={} max_concurrent_runs={} queue_depth={} overflow_policy={:?} max_concurrent_runs_per_scope={} in_flight={} queued={}>",
             if self.is_enabled(py) { "True" } else { "False" },
@@ -1118,7 +1118,7 @@ impl Admission {
             }
             Arrival::Rejected(reason) => {
                 *this.state.lock() = AdmissionState::Done;
-                let s = gate.core.stats(now());
+                let s = gate.core.stats(now);
                 log(
                     py,
                     "info",

@@ -126,7 +126,7 @@ fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) 
 
 fn settle(g: &G, ends: &[End]) {
     g.check_invariants();
-    let s = g.stats(Duration::ZERO);
+    let s = g.stats(|| Duration::ZERO);
     assert_eq!(
         (s.in_flight, s.queued, s.awaiting_human, s.granted_unclaimed),
         (0, 0, 0, 0)
@@ -205,7 +205,7 @@ fn loom_release_races_cancel_of_granted_waiter() {
         assert_eq!(f2.woken(), 1);
         let (claim, _) = g.claim(k2);
         assert_eq!(claim, Claim::Admitted(None));
-        let s = g.stats(Duration::ZERO);
+        let s = g.stats(|| Duration::ZERO);
         assert_eq!(
             (s.in_flight, s.queued, s.cancelled, s.admitted),
             (1, 0, 1, 2)
@@ -314,7 +314,7 @@ fn loom_human_wait_lend_and_borrow() {
         assert_eq!(other_end, End::Ran);
         settle(&g, &[End::Ran, End::Ran]);
         assert!(
-            g.stats(Duration::ZERO).peak_in_flight <= 2,
+            g.stats(|| Duration::ZERO).peak_in_flight <= 2,
             "at most one borrowed slot"
         );
     });

@@ -70,7 +70,7 @@ fn close(g: &Gate<Counter>, slot: &TurnSlot) {
 }
 
 fn stats(g: &Gate<Counter>) -> Stats {
-    g.stats(T0)
+    g.stats(|| T0)
 }
 
 #[test]
@@ -462,7 +462,7 @@ fn oldest_wait_uses_the_callers_clock() {
     let (arrival, _) = g.arrive(None, None, Decision::Admit, || Duration::from_secs(10));
     assert!(matches!(arrival, Arrival::Queued(_)));
     assert_eq!(
-        g.stats(Duration::from_secs(13)).oldest_wait,
+        g.stats(|| Duration::from_secs(13)).oldest_wait,
         Some(Duration::from_secs(3))
     );
 }
