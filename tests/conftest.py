@@ -112,8 +112,11 @@ def sampler(impl: types.SimpleNamespace) -> FakeSampler:
     return FakeSampler(None, sample_cls=impl.ResourceSample)
 
 
-def run(coro: Any, timeout: float = 5.0) -> Any:
-    """``asyncio.run`` with a guard, so a wedged gate fails instead of hanging."""
+def run(coro: Any, timeout: float | None = 5.0) -> Any:
+    """``asyncio.run`` with a guard, so a wedged gate fails instead of hanging.
+
+    ``timeout=None`` runs without a guard of its own (the test's pytest-timeout still applies).
+    """
 
     async def guarded() -> Any:
         return await asyncio.wait_for(coro, timeout)

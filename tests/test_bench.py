@@ -8,6 +8,7 @@ process), while a missed performance target alone is not an error.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -30,10 +31,13 @@ WORKLOADS = (
 CHECKS_LINE = re.compile(r"^(\d+)/(\d+) checks passed, (\d+) errors$", re.MULTILINE)
 
 
-def _run(args: list[str], *, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=110,
@@ -84,7 +88,9 @@ def test_admitgate_bench_outside_a_checkout_exits_2(tmp_path: Path) -> None:
         site / "admitgate",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    proc = _run(["-m", "admitgate", "bench", "--quick"], cwd=site)
+    # Nothing but the copy: no PYTHONPATH that could lead to a checkout.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = _run(["-m", "admitgate", "bench", "--quick"], cwd=site, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "source checkout" in proc.stderr
     assert "== " not in proc.stdout

@@ -6,10 +6,7 @@ import asyncio
 
 import admitgate
 import pytest
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 5))
+from conftest import run
 
 
 def test_waited_tells_a_queued_turn_from_an_immediate_one():

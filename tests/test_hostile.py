@@ -32,6 +32,7 @@ import warnings
 import admitgate
 import pytest
 from admitgate._admitgate import _panic_inside_gate
+from conftest import run, settle
 
 NAN, INF = math.nan, math.inf
 COUNT_ARGS = ("max_concurrent_runs", "queue_depth", "max_concurrent_runs_per_scope")
@@ -64,18 +65,6 @@ def assert_names(exc_info, *names):
     """The message, or a note PyO3 attaches ("while processing 'arg'"), names the argument."""
     text = " ".join([str(exc_info.value), *getattr(exc_info.value, "__notes__", [])])
     assert any(name in text for name in names), f"{text!r} does not name {names}"
-
-
-def run(coro, timeout=10.0):
-    async def guarded():
-        return await asyncio.wait_for(coro, timeout)
-
-    return asyncio.run(guarded())
-
-
-async def settle(rounds=20):
-    for _ in range(rounds):
-        await asyncio.sleep(0)
 
 
 def drained(gate):
@@ -285,10 +274,15 @@ def test_gate_constructor_arguments():
 
 def test_gate_method_arguments():
     gate = admitgate.build_admission_gate(max_concurrent_runs=2)
+    # session_id takes anything, keyed by str() as in the reference (tests/test_hardening.py).
     for bad in (5, b"x", 1.5, object(), ["a"]):
         with pytest.raises(TypeError) as info:
-            gate.admit(session_id=bad)
-        assert_names(info, "session_id")
+            gate.admit(transport=bad)
+        assert_names(info, "transport")
+    for bad in ("", "UPPER", "a-b", "x" * 33, "passthrough"):
+        with pytest.raises(ValueError) as info:
+            gate.admit(transport=bad)
+        assert_names(info, "transport")
     with pytest.raises(TypeError):
         gate.admit("positional")
     with pytest.raises(TypeError):
@@ -330,7 +324,7 @@ def test_admission_misuse_is_refused_and_leaks_nothing():
         await admission.__aexit__(None, None, None)
         assert gate.in_flight == 0
 
-    run(main())
+    run(main(), timeout=10.0)
     # A queued admission driven outside any event loop is refused and leaves the queue.
     holder = gate.admit()
     holder.__aenter__()
@@ -344,7 +338,7 @@ def test_admission_misuse_is_refused_and_leaks_nothing():
     del wait
     gc.collect()
     assert (gate.queued, gate.cancelled) == (0, 2)
-    run(holder.__aexit__(None, None, None))
+    run(holder.__aexit__(None, None, None), timeout=10.0)
     assert drained(gate)
     assert (gate.admitted, gate.cancelled) == (2, 2)
 
@@ -371,7 +365,7 @@ def test_abandoned_entered_admission_returns_its_slot():
             await asyncio.sleep(0.01)
         assert gate.in_flight == 0, "the abandoned turn's slot was never returned"
 
-    run(main())
+    run(main(), timeout=10.0)
 
 
 # -- 2. session ids --------------------------------------------------------------------------
@@ -408,17 +402,17 @@ def test_odd_session_ids_work_as_separate_tenants():
         nonlocal release
         release = asyncio.Event()
         firsts = [asyncio.ensure_future(turn(s)) for s in ODD_IDS + ["", ""]]
-        await settle()
+        await settle(20)
         # Every tenant's first turn runs; both unscoped ("") turns run (global gate only).
         assert gate.in_flight == len(ODD_IDS) + 2 and gate.queued == 0
         seconds = [asyncio.ensure_future(turn(s)) for s in ODD_IDS]
-        await settle()
+        await settle(20)
         # Each tenant is at its sub-limit of 1: its second turn waits.
         assert gate.queued == len(ODD_IDS) and gate.in_flight == len(ODD_IDS) + 2
         release.set()
         await asyncio.gather(*firsts, *seconds)
 
-    run(main())
+    run(main(), timeout=10.0)
     assert sorted(ran) == sorted(ODD_IDS * 2 + ["", ""])
     assert drained(gate) and gate.admitted == 2 * len(ODD_IDS) + 2
 
@@ -443,7 +437,7 @@ def test_lone_surrogate_session_id():
                 assert gate.in_flight == 1
 
         try:
-            run(main())
+            run(main(), timeout=10.0)
         except Exception as exc:
             wrong.append(f"per_scope={per_scope}: {type(exc).__name__}: {exc}")
         assert drained(gate)  # whatever happens, nothing leaks
@@ -505,7 +499,7 @@ async def _burst(gate, n, meter, session=""):
             return exc.reason
 
     tasks = [asyncio.ensure_future(turn()) for _ in range(n)]
-    await settle()
+    await settle(20)
     return tasks, release
 
 
@@ -532,7 +526,7 @@ def test_hostile_policy_is_contained(answer, caplog):
             release.set()
             assert await asyncio.gather(*tasks) == ["ran"] * 6
 
-    run(main())
+    run(main(), timeout=10.0)
     assert policy.calls >= 12
     assert meter["peak"] <= 2 and gate.peak_in_flight <= 2
     assert drained(gate) and gate.admitted == 12 and gate.rejected == 0
@@ -585,7 +579,7 @@ def test_hostile_sampler_is_contained(mode, logged, caplog):
             release.set()
             assert sorted(await asyncio.gather(*tasks)) == ["queue_full"] * 2 + ["ran"] * 3
 
-    run(main())
+    run(main(), timeout=10.0)
     assert meter["peak"] <= 2 and gate.peak_in_flight <= 2
     assert drained(gate) and (gate.admitted, gate.rejected) == (6, 4)
     found = _admitgate_warnings(caplog, "resource")
@@ -621,7 +615,7 @@ def test_hostile_foreign_resource_policy_is_contained(answer, caplog):
         release.set()
         assert sorted(await asyncio.gather(*tasks)) == ["queue_full", "queue_full", "ran"]
 
-    run(main())
+    run(main(), timeout=10.0)
     assert gate.stats()["max_rss_mb"] == 0.0  # garbage hard_rss_mb does not break stats()
     assert meter["peak"] == 1 and drained(gate)
     assert len(_admitgate_warnings(caplog, "resource")) == 1, caplog.text
@@ -711,7 +705,7 @@ def test_closed_loop_with_waiters_does_not_wedge_other_loops(caplog):
                 await release.wait()
 
         h = asyncio.ensure_future(holder())
-        await settle()
+        await settle(20)
         thread, errors = _other_thread(loop_a)
         await asyncio.to_thread(thread.join, 10)
         assert not errors and gate.queued == 3
@@ -722,13 +716,13 @@ def test_closed_loop_with_waiters_does_not_wedge_other_loops(caplog):
                 ran.append(name)
 
         bs = [asyncio.ensure_future(b_turn(f"b{i}")) for i in range(2)]
-        await settle()
+        await settle(20)
         release.set()
         await h
         await asyncio.wait_for(asyncio.gather(*bs), 5)
         assert ran == ["b0", "b1"]
 
-    run(main())
+    run(main(), timeout=10.0)
     assert drained(gate)
     assert (gate.admitted, gate.cancelled) == (3, 3)
     assert len(_admitgate_warnings(caplog, "closed")) >= 1
@@ -747,7 +741,7 @@ def test_loop_shut_down_by_asyncio_run_withdraws_its_waiters():
 
             for _ in range(3):
                 asyncio.ensure_future(waiter())
-            await settle()
+            await settle(20)
             # main returns with its waiters pending: asyncio.run cancels them.
 
         asyncio.run(main())
@@ -760,7 +754,7 @@ def test_loop_shut_down_by_asyncio_run_withdraws_its_waiters():
                 await release.wait()
 
         h = asyncio.ensure_future(holder())
-        await settle()
+        await settle(20)
         thread, errors = _other_thread(loop_a)
         await asyncio.to_thread(thread.join, 10)
         assert not errors
@@ -770,7 +764,7 @@ def test_loop_shut_down_by_asyncio_run_withdraws_its_waiters():
         async with gate.admit():
             assert gate.in_flight == 1
 
-    run(main())
+    run(main(), timeout=10.0)
     assert drained(gate) and gate.admitted == 2
 
 
@@ -802,7 +796,7 @@ def test_paused_loop_keeps_its_slot_and_resumes_it():
 
     try:
         w = loop.create_task(turn())
-        loop.run_until_complete(settle())
+        loop.run_until_complete(settle(20))
         assert (gate.in_flight, gate.queued) == (1, 1)
         go.set()  # B releases while loop A is idle, not running
         thread.join(10)
@@ -847,7 +841,7 @@ def test_loop_stopped_then_closed_hands_on_the_slot_it_was_granted():
                 await release.wait()
 
         h = asyncio.ensure_future(holder())
-        await settle()
+        await settle(20)
         started, close_now = threading.Event(), threading.Event()
         thread = threading.Thread(target=loop_a, args=(started, close_now), daemon=True)
         thread.start()
@@ -873,7 +867,7 @@ def test_loop_stopped_then_closed_hands_on_the_slot_it_was_granted():
             wedged = True
         assert not wedged, f"gate wedged after the stopped loop closed: {gate.stats()}"
 
-    run(main())
+    run(main(), timeout=10.0)
     assert drained(gate)
 
 
@@ -929,7 +923,7 @@ def test_fork_child_starts_with_an_empty_gate():
             await release.wait()
 
     tasks = [loop.create_task(turn()) for _ in range(3)]
-    loop.run_until_complete(settle())
+    loop.run_until_complete(settle(20))
     before = gate.stats()
     assert (before["in_flight"], before["queued"], before["admitted"]) == (1, 2, 1)
 
@@ -1064,7 +1058,7 @@ def test_gate_keeps_working_after_a_panic():
 
         first = asyncio.ensure_future(turn("first", wait=True))
         second = asyncio.ensure_future(turn("second"))
-        await settle()
+        await settle(20)
         for _ in range(3):
             with pytest.raises(admitgate.InternalError):
                 _panic_inside_gate(gate)
@@ -1075,7 +1069,7 @@ def test_gate_keeps_working_after_a_panic():
         await turn("third")
         assert gate._shed_oldest_waiter() is False
 
-    run(main())
+    run(main(), timeout=10.0)
     assert order == ["first", "second", "third"]
     assert drained(gate) and gate.admitted == 3
 

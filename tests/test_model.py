@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass, field
 
 import admitgate
+from conftest import FakeSampler, settle
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -75,16 +76,6 @@ ADMIT, QUEUE, REJECT = 0, 1, 2
 
 class Boom(Exception):
     """Raised inside a turn's body on purpose."""
-
-
-class FakeSampler:
-    """A resource sampler whose reading the test sets."""
-
-    def __init__(self) -> None:
-        self.rss_mb: float | None = None
-
-    def read(self) -> admitgate.ResourceSample:
-        return admitgate.ResourceSample(rss_mb=self.rss_mb)
 
 
 @dataclass
@@ -304,11 +295,6 @@ class Turn:
                 self.state = "running"
 
 
-async def _settle(rounds: int = 12) -> None:
-    for _ in range(rounds):
-        await asyncio.sleep(0)
-
-
 class GateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -316,7 +302,7 @@ class GateMachine(RuleBasedStateMachine):
         self.turns: dict[int, Turn] = {}
         self.model: Model | None = None
         self.gate: admitgate.AdmissionGate | None = None
-        self.sampler = FakeSampler()
+        self.sampler = FakeSampler(sample_cls=admitgate.ResourceSample)
 
     @initialize(
         ceiling=st.integers(1, 3),
@@ -360,7 +346,7 @@ class GateMachine(RuleBasedStateMachine):
 
     # -- helpers ---------------------------------------------------------------------------
     def settle(self) -> None:
-        self.loop.run_until_complete(_settle())
+        self.loop.run_until_complete(settle(12))
 
     def send(self, tid: int, command: str) -> None:
         self.turns[tid].commands.put_nowait(command)

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import praisonai_bot.bots._admission as reference
 import pytest
+from conftest import run
 from praisonai_bot.bots._session import BotSessionManager
 from praisonai_bot.bots.botos import BotOS
 from praisonaiagents.approval.registry import HUMAN_WAIT_SCOPE
@@ -82,15 +83,18 @@ def botos_gate(mode, **kwargs):
     return gate
 
 
-def run(scenario, *args):
-    """asyncio.run with a thread pool big enough for blocked stand-in agents."""
+def run_scenario(scenario, *args):
+    """Runs ``scenario(*args)`` with a thread pool big enough for blocked stand-in agents.
+
+    No timeout of its own: the module's pytest-timeout bounds every test.
+    """
 
     async def main():
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(max_workers=32))
         return await scenario(*args)
 
-    return asyncio.run(main())
+    return run(main(), timeout=None)
 
 
 async def wait_until(predicate, what, timeout=2.0):
@@ -319,7 +323,7 @@ def test_a_rejection_is_caught_as_either_packages_admission_rejected():
                 assert rejected.message == BUSY and str(rejected) == BUSY
                 assert rejected.reason == "queue_full"
 
-    run(scenario)
+    run_scenario(scenario)
     assert gate.rejected == 1
 
 
@@ -344,7 +348,7 @@ def test_reject_overflow_holds_the_ceiling_and_sheds_with_the_busy_reply(mode):
             board.go.set()
         return await asyncio.gather(*turns)
 
-    results = run(scenario)
+    results = run_scenario(scenario)
     assert results == [answer("p0"), answer("p1"), answer("p2"), BUSY, BUSY]
     assert board.peak == 2
     stats = gate.stats()
@@ -369,7 +373,7 @@ def test_shed_oldest_evicts_the_oldest_waiter_with_the_busy_reply(mode):
             board.go.set()
         return await asyncio.gather(*turns)
 
-    results = run(scenario)
+    results = run_scenario(scenario)
     assert results == [answer("p0"), BUSY, answer("p2")]
     assert board.started == ["p0", "p2"] and board.peak == 1
     stats = gate.stats()
@@ -393,7 +397,7 @@ def test_queue_overflow_waits_beyond_the_depth_and_never_exceeds_the_ceiling(mod
             board.go.set()
         return await asyncio.gather(*turns)
 
-    results = run(scenario)
+    results = run_scenario(scenario)
     assert results == [answer(f"p{i}") for i in range(6)]
     assert board.peak == 2
     stats = gate.stats()
@@ -450,7 +454,7 @@ def test_per_scope_limit_applies_to_botos_session_keys(mode):
             bob.go.set()
         return await asyncio.gather(*turns)
 
-    results = run(scenario)
+    results = run_scenario(scenario)
     assert results == [answer(f"a-{d}") for d in ["phone", "desktop", "web", "watch"]] + [
         answer("b")
     ]
@@ -484,7 +488,7 @@ def test_per_scope_queue_is_bounded_per_tenant(mode):
             board.go.set()
         return snapshot, await asyncio.gather(*turns)
 
-    snapshot, results = run(scenario)
+    snapshot, results = run_scenario(scenario)
     # Known divergence: the reference gives the second turn a global slot, so
     # the tenant holds two although its sub-limit is one.
     assert snapshot == ((1, 1, 1) if mode == "admitgate" else (2, 0, 1))
@@ -513,7 +517,7 @@ def test_turn_cancelled_while_queued_does_not_leak_its_slot(mode):
             return None
         return later.result()
 
-    result = run(scenario)
+    result = run_scenario(scenario)
     if mode == "admitgate":
         assert result == answer("p2")
         stats = gate.stats()
@@ -543,7 +547,7 @@ def test_soft_memory_pressure_queues_while_something_runs(mode):
         board.go.set()
         return snapshot, await asyncio.gather(first, second)
 
-    snapshot, results = run(scenario)
+    snapshot, results = run_scenario(scenario)
     # Known divergence: the reference lets soft pressure take a free slot.
     assert snapshot == ((1, 1) if mode == "admitgate" else (2, 0))
     assert results == [answer("p0"), answer("p1")]
@@ -605,7 +609,7 @@ def test_gateway_api_turns_are_gated_and_shed_with_the_busy_reply(mode):
         gateway.release.set()
         return (await first)[0], busy, rejected, usage
 
-    reply, busy, rejected, usage = run(scenario)
+    reply, busy, rejected, usage = run_scenario(scenario)
     assert reply == answer("p1")
     assert busy == BUSY and rejected == {"rejected": True, "message": BUSY}
     assert usage["total_tokens"] == 0
@@ -676,7 +680,7 @@ def test_human_approval_wait_lends_the_slot_through_botos(mode, how):
             waiting.release()
         return await parked
 
-    assert run(scenario) == answer("pa")
+    assert run_scenario(scenario) == answer("pa")
     stats = gate.stats()
     assert (stats["admitted"], stats["rejected"]) == (2, 1)
     stats_add_up(stats, 3)
@@ -744,7 +748,7 @@ def test_resume_without_a_free_slot_borrows_one_the_next_release_repays(mode, ho
         assert gate.in_flight == 0
         assert await try_turn("e") is True
 
-    run(scenario)
+    run_scenario(scenario)
     stats = gate.stats()
     assert (stats["admitted"], stats["rejected"]) == (3, 2)
     stats_add_up(stats, 5)
@@ -792,7 +796,7 @@ def test_resume_never_blocks_when_the_tenant_is_at_its_sub_limit(mode, how):
 
         await asyncio.wait_for(later(), 0.5)  # no per-tenant debt left behind
 
-    run(scenario)
+    run_scenario(scenario)
     stats_add_up(gate.stats(), 3)
 
 
@@ -832,7 +836,7 @@ def test_nested_and_parallel_human_waits_count_once(mode):
         note("turn over")
         return seen
 
-    assert run(scenario) == [
+    assert run_scenario(scenario) == [
         ("outer", 0, 1),
         ("inner", 0, 1),
         ("inner done", 1, 0),
@@ -891,7 +895,7 @@ def test_capacity_is_exact_after_errors_and_cancellation_in_human_waits(mode):
         release.set()
         await asyncio.gather(x, y)
 
-    run(scenario)
+    run_scenario(scenario)
     stats = gate.stats()
     assert (stats["admitted"], stats["rejected"]) == (5, 1)
     stats_add_up(stats, 6)
@@ -945,7 +949,7 @@ def test_admitgate_policy_overloads_the_original_gate():
         await asyncio.gather(a, b)
         return inside
 
-    assert run(scenario) == ["a", "b"]
+    assert run_scenario(scenario) == ["a", "b"]
     assert (gate.admitted, gate.rejected) == (2, 1)
 
 
@@ -972,7 +976,7 @@ def test_botos_admission_policy_from_admitgate_with_the_original_gate(history):
             board.go.set()
         return await asyncio.gather(*turns)
 
-    assert run(scenario) == [answer("p0"), BUSY, BUSY]
+    assert run_scenario(scenario) == [answer("p0"), BUSY, BUSY]
     assert board.peak == 1
 
 
@@ -991,7 +995,7 @@ def test_admitgate_memory_policy_sheds_on_the_original_gate():
             async with gate.admit(session_id="a"):
                 pass
 
-    run(scenario)
+    run_scenario(scenario)
     assert gate.rejected == 1 and sampler.reads == 1
 
 
@@ -1013,7 +1017,7 @@ def test_resource_sampler_can_be_replaced_after_construction(mode):
         under = await manager.chat(StandInAgent(board), "u1", "p1")
         return over, under
 
-    assert run(scenario) == (BUSY, answer("p1"))
+    assert run_scenario(scenario) == (BUSY, answer("p1"))
     assert sampler.reads >= 2
     stats = gate.stats()
     assert stats["max_rss_mb"] == 100.0
@@ -1044,7 +1048,7 @@ def test_shed_oldest_waiter_can_be_triggered_directly(mode):
         assert gate._shed_oldest_waiter() is False
         return results
 
-    assert run(scenario) == [answer("p0"), BUSY, answer("p2")]
+    assert run_scenario(scenario) == [answer("p0"), BUSY, answer("p2")]
     stats = gate.stats()
     assert (stats["admitted"], stats["shed"]) == (2, 1)
     stats_add_up(stats, 3)
@@ -1077,5 +1081,5 @@ def test_sync_human_wait_from_a_plain_worker_thread_is_exact(mode):
             await loop.run_in_executor(None, contextvars.copy_context().run, approval)
         return seen
 
-    assert run(scenario) == [(0, 1), (1, 0)]
+    assert run_scenario(scenario) == [(0, 1), (1, 0)]
     stats_add_up(gate.stats(), 1)
