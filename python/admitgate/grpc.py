@@ -1,0 +1,599 @@
+"""The A2A front door for ``grpc.aio`` servers, and a client that honours its retry hint.
+
+:class:`AdmissionInterceptor` is a server interceptor that puts an admitgate gate in front of
+the A2A gRPC service (``lf.a2a.v1.A2AService``, and the v0.3 ``a2a.v1.A2AService`` that the
+A2A SDK still serves): a call that starts or continues agent work takes a slot, with transport
+label ``"grpc"``, and holds it until the call ends; a call the gate refuses ends at once with
+the status from :data:`admitgate.REJECTION_REASONS` (``RESOURCE_EXHAUSTED`` or
+``UNAVAILABLE``), the standard ``grpc-retry-pushback-ms`` trailer and the reason in the
+``admitgate-reason`` trailer. Everything else (health checking, reflection, your own services)
+passes through ungated and is only counted.
+
+:class:`RetryPushbackInterceptor` and :class:`RetryPushbackStreamInterceptor` are the client
+half: ``grpc.aio`` client interceptors that retry a call this front door refused, after the
+delay the server asked for.
+
+    server = grpc.aio.server(interceptors=[AdmissionInterceptor(gate)])
+    channel = grpc.aio.insecure_channel(target, interceptors=retry_pushback_interceptors())
+
+Needs ``grpcio`` (``pip install admitgate[grpc]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import aclosing
+from typing import Any, Literal
+
+import grpc
+import grpc.aio
+
+from ._errors import AdmissionRejected
+
+try:  # google.rpc ships with googleapis-common-protos (a dependency of a2a-sdk and grpcio-status)
+    from google.protobuf import any_pb2, duration_pb2  # type: ignore[import-untyped]
+    from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - only without googleapis-common-protos
+    _RICH_STATUS = False
+else:
+    _RICH_STATUS = True
+
+__all__ = [
+    "A2A_SERVICES",
+    "PUSHBACK_TRAILER",
+    "REASON_TRAILER",
+    "WORK_METHODS",
+    "AdmissionInterceptor",
+    "RetryPushbackInterceptor",
+    "RetryPushbackStreamInterceptor",
+    "retry_pushback_interceptors",
+    "session_from_metadata",
+]
+
+#: The A2A gRPC services: the current protocol's and the v0.3 one the SDK keeps serving.
+A2A_SERVICES: frozenset[str] = frozenset({"lf.a2a.v1.A2AService", "a2a.v1.A2AService"})
+
+#: The A2A methods that start or continue agent work: gated by default (``gate_methods="work"``).
+#: Reads (``GetTask``, ``ListTasks``, the agent card), ``CancelTask`` and the push-notification
+#: configuration calls pass, so a saturated agent can still be polled and told to stop.
+WORK_METHODS: frozenset[str] = frozenset(
+    {
+        "/lf.a2a.v1.A2AService/SendMessage",
+        "/lf.a2a.v1.A2AService/SendStreamingMessage",
+        "/lf.a2a.v1.A2AService/SubscribeToTask",
+        "/a2a.v1.A2AService/SendMessage",
+        "/a2a.v1.A2AService/SendStreamingMessage",
+        "/a2a.v1.A2AService/TaskSubscription",
+    }
+)
+
+#: The standard trailer (gRPC's retry design, A6) carrying the delay before a retry, in whole
+#: milliseconds.
+PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
+
+#: The trailer carrying the gate's reason (``queue_full``, ``shed``, ``memory_pressure``...);
+#: its presence marks a refusal by this front door, which never reached the agent.
+REASON_TRAILER = "admitgate-reason"
+
+#: The transport label of gated calls, and the label of calls that pass ungated.
+TRANSPORT = "grpc"
+PASSTHROUGH = "passthrough"
+
+# Status details domain of the google.rpc.ErrorInfo attached to a refusal.
+_ERROR_DOMAIN = "admitgate"
+
+# What the gate answers for a reason missing from REJECTION_REASONS (an AdmissionRejected
+# raised by user code with reason=None): "try again later".
+_DEFAULT_STATUS = "RESOURCE_EXHAUSTED"
+
+# Status codes a refusal by this front door can carry, and so the only ones retried.
+_REFUSAL_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
+
+SessionId = Callable[[grpc.HandlerCallDetails], object]
+
+
+def session_from_metadata(key: str, *, default: str = "") -> SessionId:
+    """A ``session_id=`` callable for :class:`AdmissionInterceptor` that reads the tenant from
+    one request metadata entry (first value; ``default`` when absent).
+
+    ``key`` is a metadata key (lowercase ASCII letters, digits, ``-``, ``_``, ``.``; not
+    ending in ``-bin``). The client chooses its metadata: key on a value it cannot forge (one
+    your authentication layer sets or checks), or a client can spread its load over as many
+    tenants as it likes.
+    """
+    if not isinstance(key, str) or not key or key != key.lower() or key.endswith("-bin"):
+        raise ValueError(
+            f"key must be a non-empty lowercase gRPC metadata key not ending in -bin, got {key!r}"
+        )
+    if any(not (c.isascii() and (c.isalnum() or c in "-_.")) for c in key):
+        raise ValueError(f"key must contain only a-z, 0-9, '-', '_' and '.', got {key!r}")
+    if not isinstance(default, str):
+        raise TypeError(f"default must be a str, got {default!r}")
+
+    def session_id(details: grpc.HandlerCallDetails) -> str:
+        for entry in details.invocation_metadata or ():
+            if entry[0] == key:
+                value = entry[1]
+                return value if isinstance(value, str) else value.decode("utf-8", "replace")
+        return default
+
+    session_id.__doc__ = f"The tenant from request metadata {key!r} ({default!r} when absent)."
+    return session_id
+
+
+def _ms(seconds: float) -> str:
+    return str(math.ceil(seconds * 1000.0))
+
+
+class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+    """A ``grpc.aio`` server interceptor that admits A2A calls through an admitgate gate.
+
+    ``gate`` is an :class:`admitgate.AdmissionGate`. ``gate_methods`` picks the gated A2A
+    methods: ``"work"`` (default: :data:`WORK_METHODS`, the calls that start or continue agent
+    work) or ``"all"`` (every method of the A2A services, the mesh broker's behaviour). Calls to
+    any other service (``grpc.health.v1``, reflection, your own) are never gated.
+
+    ``session_id`` tells the tenant of a call for the gate's per-tenant limit: a callable that
+    receives the call's ``grpc.HandlerCallDetails`` (``.method``, ``.invocation_metadata``)
+    and returns a str, ``""`` for none (see :func:`session_from_metadata`); default: every call
+    is ``""`` (the global ceiling only). It runs once per gated call, on the event loop, before
+    admission; an exception it raises fails the call (``UNKNOWN``) without touching the gate.
+
+    ``retry_after`` fixes the delay (seconds, > 0) sent in ``grpc-retry-pushback-ms`` on a
+    refusal; default: the gate's own hint (``AdmissionRejected.retry_after``), and no
+    pushback trailer when it has none (reason ``policy``).
+
+    A gated call holds its slot until it ends: a unary call until its response is ready, a
+    streaming call until its last message is sent, it fails, or the client cancels it.
+    Every call that reaches a handler costs one ``gate.record_request(transport, seconds)``
+    (``"grpc"`` for gated methods, refusals included; ``"passthrough"`` for the rest).
+    Handlers of gated methods must be ``async`` (as the A2A SDK's are); a synchronous one
+    fails the call with a ``TypeError`` rather than run ungated.
+    """
+
+    def __init__(
+        self,
+        gate: Any,
+        *,
+        gate_methods: Literal["work", "all"] = "work",
+        session_id: SessionId | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        from . import AdmissionGate
+
+        if not isinstance(gate, AdmissionGate):
+            hint = (
+                " (build_admission_gate returns None when nothing is configured)"
+                if gate is None
+                else ""
+            )
+            raise TypeError(f"gate must be an admitgate.AdmissionGate, got {gate!r}{hint}")
+        if gate_methods not in ("work", "all"):
+            raise ValueError(f"gate_methods must be 'work' or 'all', got {gate_methods!r}")
+        if session_id is not None and not callable(session_id):
+            raise TypeError(f"session_id must be a callable or None, got {session_id!r}")
+        if retry_after is not None and (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, (int, float))
+            or not math.isfinite(retry_after)
+            or retry_after <= 0
+        ):
+            raise ValueError(
+                f"retry_after must be a finite number of seconds > 0 or None, got {retry_after!r}"
+            )
+        self._gate = gate
+        self._gate_all = gate_methods == "all"
+        self._session_id = session_id
+        self._retry_after = None if retry_after is None else float(retry_after)
+
+    @property
+    def gate(self) -> Any:
+        """The gate this interceptor admits through."""
+        return self._gate
+
+    def gates(self, method: str) -> bool:
+        """Whether calls to ``method`` (``"/package.Service/Method"``) are gated."""
+        if self._gate_all:
+            return method[1:].partition("/")[0] in A2A_SERVICES
+        return method in WORK_METHODS
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Wrap the handler of one call: gated A2A methods take a slot, the rest are timed."""
+        handler = await continuation(handler_call_details)
+        if handler is None:  # not served here: gRPC answers UNIMPLEMENTED, nothing to count
+            return None
+        if self.gates(handler_call_details.method):
+            return self._gated(handler, handler_call_details)
+        return self._passthrough(handler)
+
+    # -- gated calls -------------------------------------------------------------------------
+
+    def _gated(
+        self, handler: grpc.RpcMethodHandler[Any, Any], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        behaviour = _behaviour(handler)
+        if not (inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)):
+            raise TypeError(
+                f"admitgate.grpc gates only async handlers; {details.method} is served by the "
+                f"synchronous {behaviour!r}"
+            )
+        if handler.response_streaming and inspect.isasyncgenfunction(behaviour):
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                started = time.perf_counter()
+                entered = False
+                try:
+                    async with self._admit(details):
+                        entered = True
+                        async with aclosing(behaviour(request, context)) as responses:
+                            async for response in responses:
+                                yield response
+                except AdmissionRejected as exc:
+                    if entered:
+                        raise
+                    await self._refuse(context, exc)
+                finally:
+                    self._gate.record_request(TRANSPORT, time.perf_counter() - started)
+
+            return _rebuild(handler, stream)
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            # Unary responses, and streaming handlers written as coroutines that call
+            # context.write(): the slot is held until the coroutine returns.
+            started = time.perf_counter()
+            entered = False
+            try:
+                async with self._admit(details):
+                    entered = True
+                    return await behaviour(request, context)
+            except AdmissionRejected as exc:
+                if entered:
+                    raise
+                await self._refuse(context, exc)
+            finally:
+                self._gate.record_request(TRANSPORT, time.perf_counter() - started)
+
+        return _rebuild(handler, unary)
+
+    def _admit(self, details: grpc.HandlerCallDetails) -> Any:
+        session = "" if self._session_id is None else self._session_id(details)
+        return self._gate.admit(session_id=session, transport=TRANSPORT)
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext[Any, Any], exc: AdmissionRejected
+    ) -> None:
+        from . import REJECTION_REASONS
+
+        reason = exc.reason or "unknown"
+        code = grpc.StatusCode[REJECTION_REASONS.get(reason, (0, _DEFAULT_STATUS))[1]]
+        retry_after = self._retry_after
+        if retry_after is None:
+            retry_after = getattr(exc, "retry_after", None)
+        trailers: list[tuple[str, str | bytes]] = [(REASON_TRAILER, reason)]
+        if retry_after is not None:
+            trailers.append((PUSHBACK_TRAILER, _ms(retry_after)))
+        if _RICH_STATUS:
+            trailers.append(("grpc-status-details-bin", _status_details(code, exc, retry_after)))
+        await context.abort(code, exc.message, trailing_metadata=tuple(trailers))
+
+    # -- passthrough -------------------------------------------------------------------------
+
+    def _passthrough(
+        self, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        behaviour = _behaviour(handler)
+        record = self._gate.record_request
+
+        if inspect.isasyncgenfunction(behaviour):
+
+            async def stream(request: Any, context: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    async with aclosing(behaviour(request, context)) as responses:
+                        async for response in responses:
+                            yield response
+                finally:
+                    record(PASSTHROUGH, time.perf_counter() - started)
+
+            return _rebuild(handler, stream)
+
+        if inspect.iscoroutinefunction(behaviour):
+
+            async def unary(request: Any, context: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await behaviour(request, context)
+                finally:
+                    record(PASSTHROUGH, time.perf_counter() - started)
+
+            return _rebuild(handler, unary)
+
+        # Synchronous handlers stay synchronous: the server keeps running them in its thread
+        # pool with a synchronous context.
+        if handler.response_streaming:
+
+            def sync_stream(request: Any, context: Any) -> Iterator[Any]:
+                started = time.perf_counter()
+                try:
+                    yield from behaviour(request, context)
+                finally:
+                    record(PASSTHROUGH, time.perf_counter() - started)
+
+            return _rebuild(handler, sync_stream)
+
+        def sync_unary(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return behaviour(request, context)
+            finally:
+                record(PASSTHROUGH, time.perf_counter() - started)
+
+        return _rebuild(handler, sync_unary)
+
+
+def _behaviour(handler: grpc.RpcMethodHandler[Any, Any]) -> Callable[..., Any]:
+    if handler.request_streaming:
+        found = handler.stream_stream if handler.response_streaming else handler.stream_unary
+    else:
+        found = handler.unary_stream if handler.response_streaming else handler.unary_unary
+    if found is None:  # pragma: no cover - a malformed RpcMethodHandler
+        raise TypeError(f"the method handler {handler!r} has no behaviour for its arity")
+    return found
+
+
+def _rebuild(
+    handler: grpc.RpcMethodHandler[Any, Any], behaviour: Callable[..., Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler (arity, (de)serializers) with ``behaviour`` in place of its own."""
+    if handler.request_streaming:
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.stream_unary_rpc_method_handler
+        )
+    else:
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _status_details(
+    code: grpc.StatusCode, exc: AdmissionRejected, retry_after: float | None
+) -> bytes:
+    """A serialized ``google.rpc.Status`` with ``ErrorInfo`` (the reason) and, when there is
+    a hint, ``RetryInfo``: the rich error model Google's client libraries read."""
+    status = status_pb2.Status(code=code.value[0], message=exc.message)
+    info = any_pb2.Any()
+    info.Pack(
+        error_details_pb2.ErrorInfo(
+            reason=(exc.reason or "unknown").upper(),
+            domain=_ERROR_DOMAIN,
+            metadata={"reason": exc.reason or "unknown"},
+        )
+    )
+    status.details.append(info)
+    if retry_after is not None:
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(math.ceil(retry_after * 1000.0))
+        retry = any_pb2.Any()
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        status.details.append(retry)
+    return status.SerializeToString()
+
+
+# -- client --------------------------------------------------------------------------------
+
+
+class _PushbackRetry:
+    """The retry settings both client interceptors share (validated once)."""
+
+    def __init__(
+        self,
+        max_retries: int = 3,
+        *,
+        deadline_s: float | None = 30.0,
+        jitter: float = 0.2,
+    ) -> None:
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if deadline_s is not None and (
+            isinstance(deadline_s, bool)
+            or not isinstance(deadline_s, (int, float))
+            or not math.isfinite(deadline_s)
+            or deadline_s <= 0
+        ):
+            raise ValueError(
+                f"deadline_s must be a finite number of seconds > 0 or None, got {deadline_s!r}"
+            )
+        if (
+            isinstance(jitter, bool)
+            or not isinstance(jitter, (int, float))
+            or not 0.0 <= jitter <= 1.0
+        ):
+            raise ValueError(f"jitter must be a number between 0 and 1, got {jitter!r}")
+        self._max_retries = max_retries
+        self._deadline_s = None if deadline_s is None else float(deadline_s)
+        self._jitter = float(jitter)
+
+    @property
+    def max_retries(self) -> int:
+        """The most retries of one call."""
+        return self._max_retries
+
+    @property
+    def deadline_s(self) -> float | None:
+        """How long after a call was made a retry may still start (``None``: no limit)."""
+        return self._deadline_s
+
+    @property
+    def jitter(self) -> float:
+        """The largest random fraction added to each wait."""
+        return self._jitter
+
+
+class RetryPushbackInterceptor(_PushbackRetry, grpc.aio.UnaryUnaryClientInterceptor):
+    """A ``grpc.aio`` client interceptor that retries unary calls an
+    :class:`AdmissionInterceptor` refused, after the delay the server asked for in
+    ``grpc-retry-pushback-ms``. For streams add :class:`RetryPushbackStreamInterceptor`, or
+    take both from :func:`retry_pushback_interceptors`: ``grpc.aio`` files an interceptor
+    object under one kind of call only.
+
+    Only a refusal by admitgate is retried: status ``RESOURCE_EXHAUSTED`` or ``UNAVAILABLE``
+    with the ``admitgate-reason`` trailer and a pushback of 0 or more milliseconds. Such a call
+    never reached the agent, so repeating it is safe even for ``SendMessage``. Anything else
+    (another server's ``RESOURCE_EXHAUSTED``, a refusal without a hint) is returned as is.
+
+    ``max_retries`` (default 3) bounds the retries of one call. ``deadline_s`` (default 30 s,
+    ``None`` for none) bounds the time spent on refusals and waits: a retry that would start
+    later than ``deadline_s`` after the call was made is not attempted, and the last refusal is
+    returned. It does not limit how long an admitted call may run. The call's own ``timeout``
+    still covers the whole call, retries included: each attempt gets what is left of it.
+    ``jitter`` (0 to 1, default 0.2) lengthens each wait by a random fraction up to that much,
+    so refused clients do not come back in step; a wait is never shorter than the server
+    asked.
+    """
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        """Make the call; while admitgate refuses it with a hint, wait and make it again."""
+        attempts = _Attempts(self, client_call_details)
+        while True:
+            call = await continuation(attempts.details(), request)
+            code = await call.code()
+            delay = _pushback(code, await call.trailing_metadata())
+            if not await attempts.wait(delay):
+                return call
+
+
+class RetryPushbackStreamInterceptor(_PushbackRetry, grpc.aio.UnaryStreamClientInterceptor):
+    """The unary-stream companion of :class:`RetryPushbackInterceptor` (same arguments and
+    rule), for ``SendStreamingMessage`` and ``SubscribeToTask``.
+
+    A stream is retried only while it has yielded nothing: the interceptor reads the first
+    message before handing the stream to the caller (so ``initial_metadata()`` resolves with
+    it); once a message has arrived, a failure is the caller's.
+    """
+
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> AsyncIterator[Any]:
+        """Start the stream; while admitgate refuses it before its first message, wait and
+        start it again. The caller reads the first message and the rest from the stream."""
+        attempts = _Attempts(self, client_call_details)
+        while True:
+            call = await continuation(attempts.details(), request)
+            try:
+                first = await call.read()
+            except grpc.aio.AioRpcError as err:
+                delay = _pushback(err.code(), err.trailing_metadata())
+                if await attempts.wait(delay):
+                    continue
+                return _raise(err)
+            return _replay(call, first)
+
+
+def retry_pushback_interceptors(
+    max_retries: int = 3, *, deadline_s: float | None = 30.0, jitter: float = 0.2
+) -> list[grpc.aio.ClientInterceptor]:
+    """Both retrying client interceptors with the same settings, for
+    ``grpc.aio.insecure_channel(target, interceptors=retry_pushback_interceptors())``."""
+    return [
+        RetryPushbackInterceptor(max_retries, deadline_s=deadline_s, jitter=jitter),
+        RetryPushbackStreamInterceptor(max_retries, deadline_s=deadline_s, jitter=jitter),
+    ]
+
+
+class _Attempts:
+    """The retry budget and clock of one intercepted call."""
+
+    def __init__(self, owner: _PushbackRetry, details: grpc.aio.ClientCallDetails) -> None:
+        self._owner = owner
+        self._details = details
+        self._loop = asyncio.get_running_loop()
+        self._started = self._loop.time()
+        self._retries = 0
+
+    def details(self) -> grpc.aio.ClientCallDetails:
+        """The call details for the next attempt: the caller's, with what is left of its
+        timeout."""
+        timeout = self._details.timeout
+        if timeout is None or self._retries == 0:
+            return self._details
+        left = max(timeout - (self._loop.time() - self._started), 0.0)
+        return grpc.aio.ClientCallDetails(
+            self._details.method,
+            left,
+            self._details.metadata,
+            self._details.credentials,
+            self._details.wait_for_ready,
+        )
+
+    async def wait(self, delay: float | None) -> bool:
+        """Sleep before a retry and return True, or return False when there is to be none."""
+        owner = self._owner
+        if delay is None or self._retries >= owner._max_retries:
+            return False
+        delay *= 1.0 + random.uniform(0.0, owner._jitter)
+        resume_at = self._loop.time() + delay - self._started
+        if owner._deadline_s is not None and resume_at > owner._deadline_s:
+            return False
+        timeout = self._details.timeout
+        if timeout is not None and resume_at >= timeout:
+            return False
+        self._retries += 1
+        await asyncio.sleep(delay)
+        return True
+
+
+def _pushback(code: grpc.StatusCode, trailers: Iterable[Any] | None) -> float | None:
+    """The delay (seconds) admitgate asked for, or None when this is not its refusal."""
+    if code not in _REFUSAL_CODES or not trailers:
+        return None
+    found: dict[str, Any] = {}
+    for entry in trailers:
+        found.setdefault(entry[0], entry[1])
+    if REASON_TRAILER not in found:
+        return None
+    raw = found.get(PUSHBACK_TRAILER)
+    if isinstance(raw, bytes):
+        raw = raw.decode("ascii", "replace")
+    if not isinstance(raw, str) or not raw.isdigit():
+        return None  # absent, negative or unparseable: the server asks not to retry (A6)
+    return int(raw) / 1000.0
+
+
+async def _replay(call: Any, first: Any) -> AsyncIterator[Any]:
+    message = first
+    while message is not grpc.aio.EOF:
+        yield message
+        message = await call.read()
+
+
+async def _raise(err: grpc.aio.AioRpcError) -> AsyncIterator[Any]:
+    raise err
+    yield  # pragma: no cover - makes this an async generator
