@@ -1,4 +1,5 @@
-"""Command line: ``python -m admitgate demo`` (the main job) and ``python -m admitgate bench``."""
+"""Command line: ``python -m admitgate demo`` (the main job), ``python -m admitgate bench`` and
+``python -m admitgate check-config gateway.yaml``."""
 
 from __future__ import annotations
 
@@ -53,8 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "bench":
         return _bench(argv)
+    if command == "check-config":
+        from .config import main as check_config
+
+        return check_config(argv)
     print(
-        f"usage: python -m admitgate [demo|bench] [options]  (unknown command {command!r})",
+        "usage: python -m admitgate [demo|bench|check-config] [options]"
+        f"  (unknown command {command!r})",
         file=sys.stderr,
     )
     return 2
