@@ -1,0 +1,651 @@
+"""An admission front door for ASGI servers that speak A2A over HTTP (JSON-RPC and REST).
+
+:class:`AdmissionMiddleware` is pure ASGI middleware (no framework import), so it wraps
+Starlette, FastAPI and apps built with the A2A SDK (``a2a-sdk`` 1.x, routes from
+``a2a.server.routes``). It recognises the A2A requests that start or continue agent work and
+lets each run only with a slot of an :class:`admitgate.AdmissionGate`; everything else (the
+agent card, UIs, custom routes, ``lifespan``, WebSocket) passes through untouched::
+
+    app = AdmissionMiddleware(starlette_app, gate)
+
+What is A2A, under ``path_prefix``:
+
+- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``jsonrpc_path``. The middleware reads
+  the start of the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses
+  it) to learn ``method`` and ``id``, then replays exactly those bytes, followed by the rest
+  of the stream, to the app. A body that does not end within the prefix is never buffered:
+  the middleware stops looking, treats the request as gated work and streams the rest
+  through.
+- **REST** (HTTP+JSON binding, transport ``"rest"``): ``/message:send``,
+  ``/message:stream``, ``/tasks``, ``/tasks/{id}``, ``/tasks/{id}:cancel``,
+  ``/tasks/{id}:subscribe``, ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and
+  ``/extendedAgentCard``, also under one leading tenant segment (``/{tenant}/message:send``)
+  and as the v0.3 compatibility routes under ``/v1/`` (``/v1/card`` included). The SDK's own
+  layout for ``create_rest_routes(path_prefix=P)``, ``/{tenant}P/message:send``, is matched
+  too.
+
+Which requests are gated: with ``gate_methods="work"`` (the default) those that start or
+continue agent work: ``SendMessage``, ``SendStreamingMessage``, ``SubscribeToTask``, their
+v0.3 names (``message/send``, ``message/stream``, ``tasks/resubscribe``) and REST routes
+(``POST /message:send``, ``POST /message:stream``, ``GET|POST /tasks/{id}:subscribe``), plus
+any JSON-RPC body too large to inspect. Reads and cancellations (``GetTask``, ``ListTasks``,
+``CancelTask``, push-notification configs, the extended card) pass, so a saturated agent can
+still be polled and told to stop. ``gate_methods="all"`` gates every A2A request, as a mesh
+broker does.
+
+A gated request holds its slot until its response body has been sent in full (an SSE stream:
+the whole stream) or the client disconnects, whichever comes first; a request still queued
+when its client disconnects leaves the queue. A refused request never reaches the app: it gets
+the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
+seconds (rounded up; omitted when there is no hint, i.e. for ``policy``) and a body the A2A
+SDK's client understands: for JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
+:data:`JSONRPC_REJECTED_CODE` (-32029), for REST the SDK's REST error shape
+(``google.rpc.Status`` with ``ErrorInfo`` of domain :data:`ERROR_DOMAIN` and ``RetryInfo``).
+
+Every HTTP request through the middleware, gated or not, costs one
+``gate.record_request(transport, seconds)`` when its response ends (passthrough requests as
+transport ``"passthrough"``); ``lifespan`` and WebSocket are not counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from time import perf_counter
+from typing import Any, Final
+
+import admitgate
+
+from ._admitgate import Ready
+from ._errors import AdmissionRejected
+
+__all__ = [
+    "ERROR_DOMAIN",
+    "JSONRPC_REJECTED_CODE",
+    "AdmissionMiddleware",
+    "ASGIApp",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+]
+
+Scope = MutableMapping[str, Any]
+"""An ASGI connection scope."""
+Message = MutableMapping[str, Any]
+"""An ASGI event."""
+Receive = Callable[[], Awaitable[Message]]
+"""An ASGI ``receive`` callable."""
+Send = Callable[[Message], Awaitable[None]]
+"""An ASGI ``send`` callable."""
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""An ASGI 3 application."""
+
+JSONRPC_REJECTED_CODE: Final = -32029
+"""JSON-RPC error code of a refusal: in the implementation-defined server-error range
+(-32000..-32099) and outside the codes A2A uses (-32001..-32009)."""
+
+ERROR_DOMAIN: Final = "admitgate"
+"""``ErrorInfo.domain`` of a REST refusal (the A2A SDK's own errors use ``a2a-protocol.org``)."""
+
+_ERROR_INFO_TYPE: Final = "type.googleapis.com/google.rpc.ErrorInfo"
+_RETRY_INFO_TYPE: Final = "type.googleapis.com/google.rpc.RetryInfo"
+
+# JSON-RPC methods that start or continue agent work (A2A 1.0 names, then v0.3 names).
+_WORK_METHODS: Final = frozenset(
+    {
+        "SendMessage",
+        "SendStreamingMessage",
+        "SubscribeToTask",
+        "message/send",
+        "message/stream",
+        "tasks/resubscribe",
+    }
+)
+
+_GATE_METHODS: Final = ("work", "all")
+
+# What a request is, as far as the gate is concerned.
+_PASS: Final = 0  # not A2A: passthrough
+_REST_READ: Final = 1  # an A2A REST request that reads, cancels or configures
+_REST_WORK: Final = 2  # an A2A REST request that starts or continues work
+_JSONRPC: Final = 3  # a POST to the JSON-RPC endpoint; the body decides
+
+_GET_LIKE: Final = frozenset({"GET", "HEAD"})
+_SUBSCRIBE_METHODS: Final = frozenset({"GET", "HEAD", "POST"})
+
+
+class _RequestSlot:
+    """The slot a gated request holds, shareable with :class:`admitgate.a2a.GatedAgentExecutor`.
+
+    The request holds one share until its response ends or its client disconnects; an
+    executor running that request's work on the same gate may adopt a second share, so the
+    slot is released when both are done and the same work never takes two slots.
+    """
+
+    __slots__ = ("gate", "_admission", "_request_share", "_work_share")
+
+    def __init__(self, gate: Any, admission: Any) -> None:
+        self.gate = gate
+        self._admission = admission
+        self._request_share = True
+        self._work_share = False
+
+    def adopt(self, gate: Any) -> bool:
+        """Take the work share if ``gate`` is this slot's gate and the request still holds it."""
+        if gate is not self.gate or not self._request_share or self._work_share:
+            return False
+        self._work_share = True
+        return True
+
+    async def end_request(self) -> None:
+        """Give back the request's share (idempotent)."""
+        if self._request_share:
+            self._request_share = False
+            if not self._work_share:
+                await self._admission.__aexit__(None, None, None)
+
+    async def end_work(self) -> None:
+        """Give back the adopted work share (idempotent)."""
+        if self._work_share:
+            self._work_share = False
+            if not self._request_share:
+                await self._admission.__aexit__(None, None, None)
+
+
+_CURRENT_SLOT: contextvars.ContextVar[_RequestSlot | None] = contextvars.ContextVar(
+    "admitgate_asgi_request_slot", default=None
+)
+
+
+def _adopt_request_slot(gate: Any) -> _RequestSlot | None:
+    """The slot of the gated request running in this context, adopted for its work, if any."""
+    slot = _CURRENT_SLOT.get()
+    if slot is not None and slot.adopt(gate):
+        return slot
+    return None
+
+
+def _route_path(scope: Scope) -> str:
+    # As Starlette routes: the path below the root path the app is mounted at.
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :] or "/"
+    return path
+
+
+def _rest_route(method: str, segs: list[str], lead: str) -> int:
+    """Classify the segments of an A2A REST route (after any tenant or ``v1`` segment)."""
+    n = len(segs)
+    first = segs[0]
+    if n == 1:
+        if first == "message:send" or first == "message:stream":
+            return _REST_WORK if method == "POST" else _REST_READ
+        if first == "tasks" or first == "extendedAgentCard" or (first == "card" and lead == "v1"):
+            return _REST_READ
+        return _PASS
+    if first != "tasks" or not segs[1]:
+        return _PASS
+    if n == 2:
+        if segs[1].endswith(":subscribe") and method in _SUBSCRIBE_METHODS:
+            return _REST_WORK
+        return _REST_READ
+    if segs[2] == "pushNotificationConfigs" and (n == 3 or (n == 4 and segs[3])):
+        return _REST_READ
+    return _PASS
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_SKIP = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
+_SCALAR = re.compile(r"[^\s,\]}]+")
+_WS = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
+
+
+def _skip_value(text: str, i: int) -> int:
+    """The index just past the JSON value at ``text[i]``; -1 if it does not end in ``text``."""
+    if i >= len(text):
+        return -1
+    c = text[i]
+    if c == '"':
+        m = _STRING.match(text, i)
+        return m.end() if m else -1
+    if c == "{" or c == "[":
+        depth = 0
+        for m in _SKIP.finditer(text, i):
+            t = m.group()
+            if t[0] == '"':
+                continue
+            depth += 1 if t in "{[" else -1
+            if depth == 0:
+                return m.end()
+        return -1
+    m = _SCALAR.match(text, i)
+    return m.end() if m and m.end() < len(text) else -1
+
+
+def _scan_head(head: bytes) -> tuple[object, object]:
+    """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
+
+    Walks only the top-level object, skipping other members' values (a nested ``"method"``
+    inside ``params`` is never taken for the request's). A member not found in ``head`` is
+    ``None``. Used only for the refusal's ``id`` and for logs: a request whose body does not
+    fit the prefix is gated whatever its method says.
+    """
+    text = head.decode("utf-8", "replace")
+    found: dict[str, object] = {}
+    i = _WS.match(text).end()  # type: ignore[union-attr]
+    if not text.startswith("{", i):
+        return None, None
+    i += 1
+    while True:
+        i = _WS.match(text, i).end()  # type: ignore[union-attr]
+        m = _STRING.match(text, i)
+        if m is None:
+            break
+        try:
+            key = json.loads(m.group())
+        except ValueError:
+            break
+        i = _WS.match(text, m.end()).end()  # type: ignore[union-attr]
+        if not text.startswith(":", i):
+            break
+        i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+        if key == "method" or key == "id":
+            try:
+                value, end = _DECODER.raw_decode(text, i)
+            except ValueError:
+                break
+            if end >= len(text):  # a number or literal cut short by the prefix
+                break
+            found[key] = value
+            i = end
+        else:
+            i = _skip_value(text, i)
+            if i < 0:
+                break
+        i = _WS.match(text, i).end()  # type: ignore[union-attr]
+        if not text.startswith(",", i):
+            break
+        i += 1
+    return found.get("method"), found.get("id")
+
+
+def _response_id(value: object) -> str | int | None:
+    # JSON-RPC ids are strings, numbers or null; the A2A SDK answers with str/int ids only.
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return value
+
+
+class _Replay:
+    """A ``receive`` that first returns the messages already read, then the rest."""
+
+    __slots__ = ("_pending", "_receive")
+
+    def __init__(self, pending: list[Message], receive: Receive) -> None:
+        self._pending = pending
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        if self._pending:
+            return self._pending.pop(0)
+        return await self._receive()
+
+
+async def _wait_unless_gone(
+    entry: Awaitable[Any], receive: Receive, pending: list[Message], admission: Any
+) -> bool:
+    """Wait for a slot while watching for the client leaving. The body is fully read, so the
+    next ``receive`` only returns on a disconnect. False if the client left (no slot held)."""
+    waiter = asyncio.ensure_future(entry)
+    watcher = asyncio.ensure_future(receive())
+    try:
+        await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        # Cancelled from outside: withdraw, or give back a slot granted meanwhile.
+        watcher.cancel()
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            await admission.__aexit__(None, None, None)
+        else:
+            waiter.cancel()
+        raise
+    if not watcher.done():
+        watcher.cancel()
+    elif not watcher.cancelled():
+        message = watcher.result()
+        if message["type"] == "http.disconnect":
+            waiter.cancel()
+            try:
+                await waiter
+            except (asyncio.CancelledError, AdmissionRejected):
+                return False
+            # Granted in the same instant the client left: give the slot back.
+            await admission.__aexit__(None, None, None)
+            return False
+        pending.append(message)  # not expected; kept for the app, in order
+    await waiter
+    return True
+
+
+def _check_retry_after(retry_after: object) -> float | None:
+    if retry_after is None:
+        return None
+    if (
+        isinstance(retry_after, bool)
+        or not isinstance(retry_after, int | float)
+        or not math.isfinite(retry_after)
+        or retry_after < 0
+    ):
+        raise ValueError(
+            f"retry_after must be None or a finite number of seconds >= 0, got {retry_after!r}"
+        )
+    return float(retry_after)
+
+
+def _check_path(name: str, value: object, *, allow_empty: bool) -> str:
+    if not isinstance(value, str) or (
+        not (allow_empty and value == "") and not value.startswith("/")
+    ):
+        expected = '"" or a path starting with "/"' if allow_empty else 'a path starting with "/"'
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
+
+class AdmissionMiddleware:
+    """ASGI middleware that admits A2A requests through an :class:`admitgate.AdmissionGate`.
+
+    Args:
+        app: the ASGI 3 application to protect (for example the Starlette app holding the
+            A2A SDK's routes).
+        gate: the gate every gated request passes (``gate.admit(session_id=...,
+            transport="jsonrpc" | "rest")``); it also receives one ``record_request`` per
+            HTTP request.
+        path_prefix: where the A2A routes live (``""``: at the root). The JSON-RPC endpoint
+            is ``path_prefix + jsonrpc_path``; REST routes are matched below the prefix (and
+            as ``/{tenant}<prefix>/...``, the SDK's layout). A trailing ``/`` is ignored.
+        jsonrpc_path: the JSON-RPC endpoint below ``path_prefix`` (``"/"``, the SDK's
+            default ``rpc_url``), or ``None`` when the app serves no JSON-RPC.
+        gate_methods: ``"work"`` gates only requests that start or continue agent work;
+            ``"all"`` gates every A2A request.
+        session_id: ``callable(scope) -> str`` giving the tenant key (per-tenant limits);
+            ``None``: no tenant (``""``). Called once per gated request; what it raises
+            propagates. Derive it from something the client cannot choose freely (an
+            authenticated identity), or one client can spread its load over many tenants.
+        retry_after: seconds to advertise in ``Retry-After`` on every refusal; ``None`` uses
+            the gate's hint (``AdmissionRejected.retry_after``), and sends no header when
+            the gate has none.
+        max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
+            method and ``id``.
+
+    Raises:
+        TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
+        ValueError: a path, ``gate_methods``, ``retry_after`` or ``max_peek_bytes`` is out
+            of range.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        gate: Any,
+        *,
+        path_prefix: str = "",
+        jsonrpc_path: str | None = "/",
+        gate_methods: str = "work",
+        session_id: Callable[[Scope], str] | None = None,
+        retry_after: float | None = None,
+        max_peek_bytes: int = 65536,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI application (a callable), got {app!r}")
+        if not callable(getattr(gate, "admit", None)) or not callable(
+            getattr(gate, "record_request", None)
+        ):
+            raise TypeError(
+                f"gate must be an admitgate.AdmissionGate (with admit and record_request), "
+                f"got {gate!r}"
+            )
+        prefix = _check_path("path_prefix", path_prefix, allow_empty=True).rstrip("/")
+        if jsonrpc_path is not None:
+            _check_path("jsonrpc_path", jsonrpc_path, allow_empty=False)
+        if gate_methods not in _GATE_METHODS:
+            raise ValueError(f'gate_methods must be "work" or "all", got {gate_methods!r}')
+        if session_id is not None and not callable(session_id):
+            raise TypeError(
+                f"session_id must be None or a callable(scope) -> str, got {session_id!r}"
+            )
+        if (
+            isinstance(max_peek_bytes, bool)
+            or not isinstance(max_peek_bytes, int)
+            or not 1 <= max_peek_bytes <= 2**31 - 1
+        ):
+            raise ValueError(
+                f"max_peek_bytes must be an integer in 1..2147483647, got {max_peek_bytes!r}"
+            )
+        self.app = app
+        self.gate = gate
+        self.path_prefix = prefix
+        self.jsonrpc_path = jsonrpc_path
+        self.gate_methods = gate_methods
+        self.session_id = session_id
+        self.retry_after = _check_retry_after(retry_after)
+        self.max_peek_bytes = max_peek_bytes
+        self._gate_all = gate_methods == "all"
+        # The JSON-RPC endpoint, with and without a trailing slash (Starlette redirects one
+        # to the other), or nothing.
+        self._rpc_paths: frozenset[str] = frozenset()
+        if jsonrpc_path is not None:
+            rpc = (prefix + jsonrpc_path).rstrip("/")
+            self._rpc_paths = frozenset({rpc or "/", rpc + "/"})
+
+    # -- classification --------------------------------------------------------------------
+
+    def _classify(self, method: str, path: str) -> int:
+        if method == "POST" and path in self._rpc_paths:
+            return _JSONRPC
+        prefix = self.path_prefix
+        if prefix:
+            if path.startswith(prefix) and path.startswith("/", len(prefix)):
+                return self._classify_rest(method, path[len(prefix) + 1 :], tenant_allowed=True)
+            # The SDK mounts its tenant routes in front of the prefix: /{tenant}<prefix>/...
+            cut = path.find("/", 1)
+            if cut > 1 and path.startswith(prefix, cut) and path.startswith("/", cut + len(prefix)):
+                return self._classify_rest(
+                    method, path[cut + len(prefix) + 1 :], tenant_allowed=False
+                )
+            return _PASS
+        return self._classify_rest(method, path[1:], tenant_allowed=True)
+
+    @staticmethod
+    def _classify_rest(method: str, rest: str, *, tenant_allowed: bool) -> int:
+        segs = rest.split("/")
+        if not segs[0]:
+            return _PASS
+        kind = _rest_route(method, segs, "")
+        if kind == _PASS and tenant_allowed and len(segs) >= 2 and segs[1]:
+            kind = _rest_route(method, segs[1:], segs[0])
+        return kind
+
+    # -- the ASGI entry point --------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one ASGI connection: gate A2A requests, pass everything else through."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = perf_counter()
+        kind = self._classify(scope["method"], _route_path(scope))
+        if kind == _PASS or (kind == _REST_READ and not self._gate_all):
+            transport = "passthrough" if kind == _PASS else "rest"
+            end = 0.0
+            try:
+                end = await self._forward(scope, receive, send)
+            finally:
+                self.gate.record_request(transport, (end or perf_counter()) - start)
+            return
+        transport = "jsonrpc" if kind == _JSONRPC else "rest"
+        end = 0.0
+        try:
+            end = await self._admit(scope, receive, send, kind, transport)
+        finally:
+            self.gate.record_request(transport, (end or perf_counter()) - start)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> float:
+        """Run the app without a slot; returns when the response ended (0.0: unknown)."""
+        end = 0.0
+
+        async def timed_send(message: Message) -> None:
+            nonlocal end
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                end = perf_counter()
+
+        await self.app(scope, receive, timed_send)
+        return end
+
+    async def _admit(
+        self, scope: Scope, receive: Receive, send: Send, kind: int, transport: str
+    ) -> float:
+        """Peek, then run the request gated (or, for a JSON-RPC read, ungated)."""
+        # Read the start of the body before taking a slot: JSON-RPC needs it to know the
+        # method, and a client that uploads slowly (or leaves) holds no slot meanwhile.
+        message = await receive()
+        if message["type"] != "http.request":  # the client left before sending a body
+            return 0.0
+        pending: list[Message] = [message]
+        more: bool = message.get("more_body", False)
+        size = len(message.get("body", b""))
+        while more and size < self.max_peek_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return 0.0
+            pending.append(message)
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        if len(pending) > 1:
+            body = b"".join(m.get("body", b"") for m in pending)
+            pending = [{"type": "http.request", "body": body, "more_body": more}]
+        rpc_id: object = None
+        if kind == _JSONRPC:
+            if more or size > self.max_peek_bytes:
+                # Too long to inspect: gated work, whatever its method says.
+                rpc_id = _scan_head(pending[0].get("body", b"")[: self.max_peek_bytes])[1]
+            else:
+                try:
+                    request = json.loads(pending[0].get("body", b""))
+                except ValueError:
+                    request = None
+                method = None
+                if isinstance(request, dict):
+                    method = request.get("method")
+                    rpc_id = request.get("id")
+                if not self._gate_all and method not in _WORK_METHODS:
+                    return await self._forward(scope, _Replay(pending, receive), send)
+        return await self._run_gated(scope, receive, send, pending, more, transport, rpc_id)
+
+    async def _run_gated(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        pending: list[Message],
+        more: bool,
+        transport: str,
+        rpc_id: object,
+    ) -> float:
+        """Admit, then run the app while the slot is held, or refuse. Returns when the response
+        ended (0.0: unknown)."""
+        session = "" if self.session_id is None else self.session_id(scope)
+        if type(session) is not str:
+            raise TypeError(f"session_id(scope) must return a str, got {session!r}")
+        admission = self.gate.admit(session_id=session, transport=transport)
+        try:
+            entry = admission.__aenter__()
+            if type(entry) is Ready or more:
+                await entry
+            elif not await _wait_unless_gone(entry, receive, pending, admission):
+                return 0.0
+        except AdmissionRejected as exc:
+            await self._refuse(send, transport, exc, rpc_id)
+            return perf_counter()
+
+        slot = _RequestSlot(self.gate, admission)
+        end = 0.0
+
+        async def gated_receive() -> Message:
+            if pending:
+                return pending.pop(0)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                await slot.end_request()
+            return message
+
+        async def gated_send(message: Message) -> None:
+            nonlocal end
+            try:
+                await send(message)
+            finally:
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    end = perf_counter()
+                    await slot.end_request()
+
+        token = _CURRENT_SLOT.set(slot)
+        try:
+            await self.app(scope, gated_receive, gated_send)
+        finally:
+            _CURRENT_SLOT.reset(token)
+            await slot.end_request()
+        return end
+
+    async def _refuse(
+        self, send: Send, transport: str, exc: AdmissionRejected, rpc_id: object
+    ) -> None:
+        reason = exc.reason or "rejected"
+        status, grpc_status = admitgate.REJECTION_REASONS.get(reason, (429, "RESOURCE_EXHAUSTED"))
+        hint = self.retry_after if self.retry_after is not None else exc.retry_after
+        seconds = None if hint is None else max(0, math.ceil(hint))
+        if transport == "jsonrpc":
+            payload: dict[str, Any] = {
+                "jsonrpc": "2.0",
+                "id": _response_id(rpc_id),
+                "error": {
+                    "code": JSONRPC_REJECTED_CODE,
+                    "message": exc.message,
+                    "data": {"reason": reason, "retryAfter": seconds},
+                },
+            }
+        else:
+            metadata = {"reason": reason}
+            details: list[dict[str, Any]] = [
+                {
+                    "@type": _ERROR_INFO_TYPE,
+                    "reason": reason.upper(),
+                    "domain": ERROR_DOMAIN,
+                    "metadata": metadata,
+                }
+            ]
+            if seconds is not None:
+                metadata["retryAfter"] = str(seconds)
+                details.append({"@type": _RETRY_INFO_TYPE, "retryDelay": f"{seconds}s"})
+            payload = {
+                "error": {
+                    "code": status,
+                    "status": grpc_status,
+                    "message": exc.message,
+                    "details": details,
+                }
+            }
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if seconds is not None:
+            headers.append((b"retry-after", str(seconds).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,838 @@
+"""admitgate.asgi.AdmissionMiddleware in front of a real a2a-sdk app served by uvicorn.
+
+One uvicorn server per module (tests/_a2a_app.py); each test puts its own middleware and a
+fresh gate in front of the same SDK app, and drives it with httpx and with the SDK's own
+client over loopback. Timing is controlled by latches in the executor, not by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import types
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import admitgate
+import httpx
+import pytest
+from _a2a_app import (
+    A2A_HEADERS,
+    ControlledExecutor,
+    Latches,
+    ServerThread,
+    agent_card,
+    build_sdk_app,
+    jsonrpc,
+    send_params,
+    wait_until,
+)
+from admitgate.asgi import (
+    _JSONRPC,
+    _PASS,
+    _REST_READ,
+    _REST_WORK,
+    ERROR_DOMAIN,
+    JSONRPC_REJECTED_CODE,
+    AdmissionMiddleware,
+    _scan_head,
+)
+from admitgate.client import RetryingTransport
+from conftest import run
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[types.SimpleNamespace]:
+    """The SDK app (ControlledExecutor) on uvicorn, once for the module."""
+    latches = Latches()
+    executor = ControlledExecutor(latches)
+    server = ServerThread()
+    sdk_app = build_sdk_app(executor, server.url)
+    server.start(sdk_app)
+    yield types.SimpleNamespace(
+        latches=latches, executor=executor, server=server, sdk_app=sdk_app, url=server.url
+    )
+    latches.release_all()
+    server.stop()
+
+
+@pytest.fixture
+def front(env: types.SimpleNamespace) -> Iterator[Any]:
+    """``front(gate, **kwargs)`` puts ``AdmissionMiddleware(sdk_app, gate, **kwargs)`` in front."""
+
+    def install(gate: Any, app: Any = None, **kwargs: Any) -> AdmissionMiddleware:
+        middleware = AdmissionMiddleware(app or env.sdk_app, gate, **kwargs)
+        env.server.switch.app = middleware
+        return middleware
+
+    yield install
+    env.latches.release_all()
+    env.server.switch.app = env.sdk_app
+
+
+def new_gate(cap: int, queue: int = 0, **kwargs: Any) -> Any:
+    gate = admitgate.build_admission_gate(max_concurrent_runs=cap, queue_depth=queue, **kwargs)
+    assert gate is not None
+    return gate
+
+
+def key() -> str:
+    return uuid.uuid4().hex
+
+
+def client(env: types.SimpleNamespace, **kwargs: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=env.url, headers=A2A_HEADERS, timeout=10, **kwargs)
+
+
+def rpc_send(k: str, *, method: str = "SendMessage", rpc_id: Any = "1", **kw: Any) -> Any:
+    return jsonrpc(method, send_params(f"hold {k}", **kw), rpc_id)
+
+
+def in_flight(gate: Any, transport: str) -> int:
+    return gate.transport_stats().get(transport, {}).get("in_flight", 0)
+
+
+def rejected(gate: Any, transport: str, reason: str = "queue_full") -> int:
+    return gate.transport_stats().get(transport, {}).get("rejected", {}).get(reason, 0)
+
+
+def requests(gate: Any, transport: str) -> int:
+    return gate.request_stats().get(transport, {}).get("count", 0)
+
+
+def counted(gate: Any, transport: str, expected: int) -> bool:
+    """Whether ``expected`` requests were recorded for ``transport``, waiting a little: the
+    middleware records a request after its response is out, so the client may be first."""
+    deadline = time.monotonic() + 5
+    while requests(gate, transport) != expected and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return requests(gate, transport) == expected
+
+
+async def started(env: types.SimpleNamespace, *keys: str) -> None:
+    for k in keys:
+        await wait_until(env.latches[k].started.is_set)
+
+
+def check_retry_after(response: httpx.Response, expected: int | None = None) -> int:
+    value = response.headers["retry-after"]
+    assert value.isdigit(), value
+    seconds = int(value)
+    if expected is None:
+        assert 1 <= seconds <= 30  # the gate's hint is clamped to [1 s, 30 s], rounded up
+    else:
+        assert seconds == expected
+    return seconds
+
+
+# -- classification (no server) ---------------------------------------------------------------
+
+
+def classify(path: str, method: str = "POST", **kwargs: Any) -> int:
+    middleware = AdmissionMiddleware(_noop_app, new_gate(1), **kwargs)
+    return middleware._classify(method, path)
+
+
+async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind"),
+    [
+        ("POST", "/", _JSONRPC),
+        ("GET", "/", _PASS),
+        ("POST", "/message:send", _REST_WORK),
+        ("POST", "/message:stream", _REST_WORK),
+        ("GET", "/message:send", _REST_READ),
+        ("POST", "/acme/message:send", _REST_WORK),
+        ("POST", "/v1/message:send", _REST_WORK),
+        ("POST", "/v1/message:stream", _REST_WORK),
+        ("GET", "/tasks", _REST_READ),
+        ("GET", "/acme/tasks", _REST_READ),
+        ("GET", "/tasks/t1", _REST_READ),
+        ("HEAD", "/tasks/t1", _REST_READ),
+        ("POST", "/tasks/t1:cancel", _REST_READ),
+        ("POST", "/v1/tasks/t1:cancel", _REST_READ),
+        ("GET", "/tasks/t1:subscribe", _REST_WORK),
+        ("POST", "/tasks/t1:subscribe", _REST_WORK),
+        ("GET", "/acme/tasks/t1:subscribe", _REST_WORK),
+        ("GET", "/v1/tasks/t1:subscribe", _REST_WORK),
+        ("GET", "/tasks/t1/pushNotificationConfigs", _REST_READ),
+        ("POST", "/tasks/t1/pushNotificationConfigs", _REST_READ),
+        ("GET", "/tasks/t1/pushNotificationConfigs/p1", _REST_READ),
+        ("DELETE", "/acme/tasks/t1/pushNotificationConfigs/p1", _REST_READ),
+        ("GET", "/extendedAgentCard", _REST_READ),
+        ("GET", "/acme/extendedAgentCard", _REST_READ),
+        ("GET", "/v1/card", _REST_READ),
+        ("GET", "/card", _PASS),
+        ("GET", "/acme/card", _PASS),
+        ("GET", "/.well-known/agent-card.json", _PASS),
+        ("GET", "/custom", _PASS),
+        ("POST", "/upload", _PASS),
+        ("GET", "/tasks/", _PASS),
+        ("GET", "/tasks/t1/other", _PASS),
+        ("POST", "//message:send", _PASS),
+        ("POST", "/a/b/message:send", _PASS),
+    ],
+)
+def test_classification_at_the_root(method: str, path: str, kind: int) -> None:
+    assert classify(path, method) == kind
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind"),
+    [
+        ("POST", "/a2a", _JSONRPC),
+        ("POST", "/a2a/", _JSONRPC),
+        ("POST", "/", _PASS),
+        ("POST", "/a2a/message:send", _REST_WORK),
+        ("POST", "/a2a/acme/message:send", _REST_WORK),
+        ("POST", "/acme/a2a/message:send", _REST_WORK),  # the SDK's /{tenant}<prefix>/ layout
+        ("GET", "/a2a/tasks/t1", _REST_READ),
+        ("POST", "/message:send", _PASS),
+        ("POST", "/a2ax/message:send", _PASS),
+        ("GET", "/.well-known/agent-card.json", _PASS),
+    ],
+)
+def test_classification_under_a_prefix(method: str, path: str, kind: int) -> None:
+    assert classify(path, method, path_prefix="/a2a/") == kind
+
+
+def test_classification_other_jsonrpc_path_and_none() -> None:
+    assert classify("/rpc", jsonrpc_path="/rpc") == _JSONRPC
+    assert classify("/", jsonrpc_path="/rpc") == _PASS
+    assert classify("/", jsonrpc_path=None) == _PASS
+    assert classify("/message:send", jsonrpc_path=None) == _REST_WORK
+
+
+def test_scan_head_reads_only_the_top_level() -> None:
+    big = "x" * 5000
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "params": {"method": "GetTask", "id": "inner", "message": {"text": big}},
+            "method": "SendMessage",
+            "id": 42,
+        }
+    ).encode()
+    assert _scan_head(body) == ("SendMessage", 42)
+    # Cut inside params: neither member is known yet.
+    assert _scan_head(body[:2000]) == (None, None)
+    # id before the large member is found even when the rest is cut off.
+    body = json.dumps({"id": "abc", "method": "SendMessage", "params": {"t": big}}).encode()
+    assert _scan_head(body[:100]) == ("SendMessage", "abc")
+    # A number cut by the prefix is not trusted.
+    assert _scan_head(b'{"id": 12') == (None, None)
+    assert _scan_head(b'{"id": 12,') == (None, 12)
+    assert _scan_head(b"[1, 2]") == (None, None)
+    assert _scan_head(b'{"a": [1, {"b": "]}"}], "id": "z", ') == (None, "z")
+    assert _scan_head(b'{"a": "\\"id\\": 1", "id": null, "method": "m"}') == ("m", None)
+
+
+# -- argument validation ----------------------------------------------------------------------
+
+
+def test_constructor_validates_every_argument() -> None:
+    gate = new_gate(1)
+    with pytest.raises(TypeError, match="app"):
+        AdmissionMiddleware(object(), gate)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="gate"):
+        AdmissionMiddleware(_noop_app, None)
+    with pytest.raises(ValueError, match="path_prefix.*'a2a'"):
+        AdmissionMiddleware(_noop_app, gate, path_prefix="a2a")
+    with pytest.raises(ValueError, match="jsonrpc_path.*''"):
+        AdmissionMiddleware(_noop_app, gate, jsonrpc_path="")
+    with pytest.raises(ValueError, match="gate_methods.*'some'"):
+        AdmissionMiddleware(_noop_app, gate, gate_methods="some")
+    with pytest.raises(TypeError, match="session_id"):
+        AdmissionMiddleware(_noop_app, gate, session_id="tenant")  # type: ignore[arg-type]
+    for bad in (-1, math.nan, math.inf, True, "3"):
+        with pytest.raises(ValueError, match="retry_after"):
+            AdmissionMiddleware(_noop_app, gate, retry_after=bad)  # type: ignore[arg-type]
+    for bad in (0, -5, 1.5, True, 2**31):
+        with pytest.raises(ValueError, match="max_peek_bytes"):
+            AdmissionMiddleware(_noop_app, gate, max_peek_bytes=bad)  # type: ignore[arg-type]
+    middleware = AdmissionMiddleware(_noop_app, gate, path_prefix="/a2a/", retry_after=0)
+    assert middleware.path_prefix == "/a2a" and middleware.retry_after == 0.0
+
+
+# -- lifespan and websocket pass straight through (ASGI level) ------------------------------
+
+
+def test_lifespan_and_websocket_pass_through_untouched() -> None:
+    gate = new_gate(1)
+    seen: list[tuple[Any, Any, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((scope, receive, send))
+
+    middleware = AdmissionMiddleware(app, gate, gate_methods="all")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def main() -> None:
+        for scope in (
+            {"type": "lifespan", "asgi": {"version": "3.0"}},
+            {"type": "websocket", "path": "/", "root_path": "", "headers": []},
+            {"type": "websocket", "path": "/message:send", "root_path": "", "headers": []},
+        ):
+            await middleware(scope, receive, send)
+            assert seen[-1] == (scope, receive, send)
+
+    run(main())
+    assert len(seen) == 3
+    assert gate.request_stats() == {} or all(v["count"] == 0 for v in gate.request_stats().values())
+    assert gate.in_flight == 0 and gate.admitted == 0
+
+
+# -- caps, refusals and bodies ------------------------------------------------------------------
+
+
+def test_jsonrpc_sends_are_capped_and_refused(env: Any, front: Any) -> None:
+    gate = new_gate(2)
+    front(gate)
+    keys = [key() for _ in range(6)]
+
+    async def main() -> None:
+        async with client(env) as c:
+            before = env.executor.executions
+            sends = [
+                asyncio.create_task(c.post("/", json=rpc_send(k, rpc_id=i)))
+                for i, k in enumerate(keys)
+            ]
+            await wait_until(lambda: sum(s.done() for s in sends) == 4)
+            assert in_flight(gate, "jsonrpc") == 2
+            running = [k for k in keys if env.latches[k].started.is_set()]
+            await started(env, *running)
+            assert len(running) == 2
+            refused = [s for s in sends if s.done()]
+            assert len(refused) == 4
+            for task in refused:
+                response = task.result()
+                assert response.status_code == 429
+                seconds = check_retry_after(response)
+                body = response.json()
+                assert body["jsonrpc"] == "2.0"
+                assert body["id"] == sends.index(task)
+                assert body["error"]["code"] == JSONRPC_REJECTED_CODE
+                assert (
+                    body["error"]["message"] == "Busy right now \u2014 please resend in a moment."
+                )
+                assert body["error"]["data"] == {"reason": "queue_full", "retryAfter": seconds}
+            # The refused requests never reached the agent.
+            assert env.executor.executions - before == 2
+            for k in running:
+                env.latches[k].release()
+            for task in sends:
+                if task not in refused:
+                    response = await task
+                    assert response.status_code == 200
+                    assert response.json()["result"]["task"]["status"]["state"] == (
+                        "TASK_STATE_COMPLETED"
+                    )
+            await wait_until(lambda: gate.in_flight == 0)
+
+    run(main(), timeout=20)
+    stats = gate.transport_stats()["jsonrpc"]
+    assert stats["admitted"] == 2 and stats["rejected"]["queue_full"] == 4
+    assert counted(gate, "jsonrpc", 6)
+
+
+def test_caps_hold_per_transport_and_rest_refusal_body(env: Any, front: Any) -> None:
+    gate = new_gate(2)
+    front(gate, retry_after=7)
+    k1, k2 = key(), key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            a = asyncio.create_task(c.post("/", json=rpc_send(k1)))
+            b = asyncio.create_task(c.post("/acme/message:send", json=send_params(f"hold {k2}")))
+            await started(env, k1, k2)
+            assert in_flight(gate, "jsonrpc") == 1 and in_flight(gate, "rest") == 1
+            refused = await c.post("/message:send", json=send_params("echo no"))
+            assert refused.status_code == 429
+            check_retry_after(refused, 7)
+            body = refused.json()
+            assert body == {
+                "error": {
+                    "code": 429,
+                    "status": "RESOURCE_EXHAUSTED",
+                    "message": "Busy right now \u2014 please resend in a moment.",
+                    "details": [
+                        {
+                            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "QUEUE_FULL",
+                            "domain": ERROR_DOMAIN,
+                            "metadata": {"reason": "queue_full", "retryAfter": "7"},
+                        },
+                        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "7s"},
+                    ],
+                }
+            }
+            # The details are real google.rpc messages (the SDK's REST error shape).
+            from google.protobuf.json_format import ParseDict
+            from google.rpc import error_details_pb2, status_pb2
+
+            status = ParseDict(
+                {k: v for k, v in body["error"].items() if k != "status"}, status_pb2.Status()
+            )
+            info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
+            assert status.details[0].Unpack(info) and info.domain == ERROR_DOMAIN
+            assert status.details[1].Unpack(retry) and retry.retry_delay.seconds == 7
+            # The SDK's REST error parser accepts it (no A2A reason, so no typed error).
+            from a2a.client.transports.rest import _parse_rest_error
+
+            assert _parse_rest_error(body, "fallback") is None
+            refused_rpc = await c.post("/", json=jsonrpc("SendMessage", send_params("echo"), "q"))
+            assert refused_rpc.status_code == 429 and refused_rpc.json()["id"] == "q"
+            check_retry_after(refused_rpc, 7)
+            env.latches[k1].release()
+            env.latches[k2].release()
+            assert (await a).status_code == 200 and (await b).status_code == 200
+
+    run(main(), timeout=20)
+    stats = gate.transport_stats()
+    assert stats["jsonrpc"]["admitted"] == 1 and stats["jsonrpc"]["rejected"]["queue_full"] == 1
+    assert stats["rest"]["admitted"] == 1 and stats["rest"]["rejected"]["queue_full"] == 1
+    assert "passthrough" not in stats
+
+
+def test_sdk_client_sees_the_refusal(env: Any, front: Any) -> None:
+    from a2a.client import A2AClientError, ClientConfig, create_client
+    from a2a.types import Message, Part, Role, SendMessageRequest
+
+    gate = new_gate(1)
+    front(gate)
+    k = key()
+
+    def request() -> SendMessageRequest:
+        return SendMessageRequest(
+            message=Message(
+                role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=[Part(text="echo hi")]
+            )
+        )
+
+    async def main() -> None:
+        card = agent_card(env.url)
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            for binding in ("JSONRPC", "HTTP+JSON"):
+                for streaming in (False, True):
+                    async with httpx.AsyncClient(timeout=10) as http:
+                        config = ClientConfig(
+                            httpx_client=http,
+                            streaming=streaming,
+                            supported_protocol_bindings=[binding],
+                        )
+                        sdk = await create_client(card, client_config=config)
+                        with pytest.raises(A2AClientError, match="429") as info:
+                            async for _ in sdk.send_message(request()):
+                                pass
+                        cause = info.value.__cause__
+                        assert isinstance(cause, httpx.HTTPStatusError)
+                        check_retry_after(cause.response)
+                        body = cause.response.json()
+                        if binding == "JSONRPC":
+                            assert body["error"]["code"] == JSONRPC_REJECTED_CODE
+                        else:
+                            assert body["error"]["details"][0]["domain"] == ERROR_DOMAIN
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+
+    run(main(), timeout=20)
+    assert rejected(gate, "jsonrpc") == 2 and rejected(gate, "rest") == 2
+
+
+def test_passthrough_reads_and_cancel_pass_while_saturated(env: Any, front: Any) -> None:
+    gate = new_gate(1)
+    front(gate)
+    k, k2 = key(), key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            held = await c.post("/", json=rpc_send(k, return_immediately=True))
+            assert held.status_code == 200
+            task_id = held.json()["result"]["task"]["id"]
+            blocking = asyncio.create_task(c.post("/message:send", json=send_params(f"hold {k2}")))
+            await started(env, k, k2)
+            assert gate.in_flight == 1  # the blocking REST send; the first returned at once
+            # Saturated: sends are refused, but the card, custom routes, reads and cancels pass.
+            assert (await c.post("/", json=rpc_send(key()))).status_code == 429
+            for _ in range(3):
+                t0 = time.monotonic()
+                card = await c.get("/.well-known/agent-card.json")
+                custom = await c.get("/custom")
+                assert card.status_code == 200 and card.json()["name"]
+                assert custom.json() == {"custom": True}
+                assert time.monotonic() - t0 < 2
+            get_rpc = await c.post("/", json=jsonrpc("GetTask", {"id": task_id}))
+            assert get_rpc.status_code == 200, get_rpc.text
+            assert get_rpc.json()["result"]["status"]["state"] == "TASK_STATE_WORKING"
+            get_rest = await c.get(f"/tasks/{task_id}")
+            assert get_rest.status_code == 200 and get_rest.json()["id"] == task_id
+            listed = await c.get("/tasks")
+            assert listed.status_code == 200
+            cancel = await c.post("/", json=jsonrpc("CancelTask", {"id": task_id}))
+            assert cancel.status_code == 200, cancel.text
+            assert cancel.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+            assert env.latches[k].cancelled.is_set()
+            second = (await c.get(f"/tasks/{task_id}")).json()
+            assert second["status"]["state"] == "TASK_STATE_CANCELED"
+            env.latches[k2].release()
+            assert (await blocking).status_code == 200
+
+    run(main(), timeout=20)
+    stats = gate.transport_stats()
+    assert stats["jsonrpc"]["admitted"] == 1 and stats["rest"]["admitted"] == 1
+    assert counted(gate, "passthrough", 6)
+    assert counted(gate, "jsonrpc", 4)  # send, refused send, GetTask, CancelTask
+    assert counted(gate, "rest", 4)  # blocking send, GET task twice, list
+    assert "passthrough" not in stats
+
+
+def test_gate_methods_all_gates_reads_too(env: Any, front: Any) -> None:
+    gate = new_gate(1)
+    front(gate, gate_methods="all")
+    k = key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            held = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            get_rpc = await c.post("/", json=jsonrpc("GetTask", {"id": "nope"}, 9))
+            assert get_rpc.status_code == 429 and get_rpc.json()["id"] == 9
+            assert (await c.get("/tasks/nope")).status_code == 429
+            assert (await c.post("/", content=b"not json")).status_code == 429
+            assert (await c.get("/.well-known/agent-card.json")).status_code == 200
+            env.latches[k].release()
+            assert (await held).status_code == 200
+            # Free again: a read goes through (and is counted as admitted).
+            assert (await c.get("/tasks/nope")).status_code == 404
+
+    run(main(), timeout=20)
+    assert rejected(gate, "jsonrpc") == 2 and rejected(gate, "rest") == 1
+    assert gate.transport_stats()["rest"]["admitted"] == 1
+
+
+def test_an_sse_stream_holds_its_slot_until_it_ends(env: Any, front: Any) -> None:
+    gate = new_gate(1)
+    front(gate)
+
+    async def stream(c: httpx.AsyncClient, path: str, body: Any, k: str) -> None:
+        async with c.stream("POST", path, json=body) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = 0
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                events += 1
+                if events == 1:
+                    await started(env, k)
+                    # Mid-stream: the slot is held, a second send is refused.
+                    assert gate.in_flight == 1
+                    refused = await c.post("/message:send", json=send_params("echo x"))
+                    assert refused.status_code == 429
+                    env.latches[k].release()
+            assert events >= 3  # task, working, completed
+        await wait_until(lambda: gate.in_flight == 0)
+
+    async def main() -> None:
+        async with client(env) as c:
+            k1, k2 = key(), key()
+            await stream(c, "/", rpc_send(k1, method="SendStreamingMessage"), k1)
+            await stream(c, "/message:stream", send_params(f"hold {k2}"), k2)
+
+    run(main(), timeout=20)
+    assert gate.transport_stats()["jsonrpc"]["admitted"] == 1
+    assert gate.transport_stats()["rest"]["admitted"] == 1
+    assert rejected(gate, "rest") == 2
+
+
+def test_a_client_leaving_mid_stream_frees_the_slot(env: Any, front: Any) -> None:
+    gate = new_gate(1)
+    front(gate)
+    k = key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            async with c.stream(
+                "POST", "/", json=rpc_send(k, method="SendStreamingMessage")
+            ) as response:
+                lines = response.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data:"):
+                        break
+                await started(env, k)
+                assert gate.in_flight == 1
+            # The client closed the stream while the agent still works: the slot is free.
+            await wait_until(lambda: gate.in_flight == 0)
+            assert not env.latches[k].finished.is_set()
+            ok = await c.post("/", json=jsonrpc("SendMessage", send_params("echo back")))
+            assert ok.status_code == 200
+            env.latches[k].release()
+
+    run(main(), timeout=20)
+    assert counted(gate, "jsonrpc", 2)
+
+
+def test_a_queued_request_whose_client_leaves_withdraws(env: Any, front: Any) -> None:
+    gate = new_gate(1, queue=4)
+    front(gate)
+    k = key()
+
+    async def main() -> None:
+        async with client(env) as c, client(env) as other:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            before = env.executor.executions
+            queued = asyncio.create_task(other.post("/", json=rpc_send(key())))
+            await wait_until(lambda: gate.queued == 1)
+            queued.cancel()  # the client gives up: its connection closes
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            await wait_until(lambda: gate.queued == 0)
+            assert gate.cancelled == 1
+            # A queued request whose client stays is admitted when the slot frees.
+            waiting = asyncio.create_task(
+                c.post("/", json=jsonrpc("SendMessage", send_params("echo w")))
+            )
+            await wait_until(lambda: gate.queued == 1)
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            response = await waiting
+            assert response.status_code == 200 and response.json()["result"]["message"]
+            assert env.executor.executions - before == 1  # only the waiter that stayed ran
+
+    run(main(), timeout=20)
+    assert counted(gate, "jsonrpc", 3)
+
+
+def test_a_body_larger_than_the_peek_streams_through_intact(env: Any, front: Any) -> None:
+    gate = new_gate(2)
+    front(gate, max_peek_bytes=1024)
+    text = "".join(chr(0x41 + i % 26) for i in range(300_000)) + " \u00e9\u4e2d"
+
+    async def chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), size):
+            yield data[i : i + size]
+
+    def body(rpc_id: str, words: str) -> bytes:
+        request = jsonrpc("SendMessage", send_params("echo " + words), rpc_id)
+        return json.dumps(request).encode()
+
+    async def main() -> None:
+        async with client(env) as c:
+            # 300 KB, chunked (many small receive() messages) and with a Content-Length.
+            for content in (chunks(body("big", text), 700), body("big", text)):
+                response = await c.post("/", content=content)
+                assert response.status_code == 200, response.text
+                assert response.json()["id"] == "big"
+                assert response.json()["result"]["message"]["parts"][0]["text"] == text
+            # Under the peek but split across several messages: parsed whole, then replayed.
+            response = await c.post("/", content=chunks(body("small", "tiny"), 50))
+            assert response.status_code == 200
+            assert response.json()["result"]["message"]["parts"][0]["text"] == "tiny"
+            # Passthrough bodies are never touched either.
+            upload = b"\x00\xff" * 200_000
+            response = await c.post("/upload", content=chunks(upload, 4096))
+            assert response.json()["size"] == len(upload)
+
+    run(main(), timeout=20)
+    assert gate.transport_stats()["jsonrpc"]["admitted"] == 3
+    assert counted(gate, "passthrough", 1)
+
+
+def test_a_large_request_is_refused_with_the_id_from_its_head(env: Any, front: Any) -> None:
+    gate = new_gate(1)
+    front(gate, max_peek_bytes=1024)
+    k = key()
+    padding = "p" * 100_000
+
+    async def main() -> None:
+        async with client(env) as c:
+            held = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            head_id = {
+                "jsonrpc": "2.0",
+                "id": "head",
+                "method": "GetTask",
+                "params": {"id": "t", "pad": padding},
+            }
+            response = await c.post("/", json=head_id)
+            assert response.status_code == 429
+            assert response.json()["id"] == "head"
+            tail_id = {"jsonrpc": "2.0", "method": "GetTask", "params": {"pad": padding}, "id": 5}
+            response = await c.post("/", json=tail_id)
+            assert response.status_code == 429
+            assert response.json()["id"] is None  # past the prefix: unknown, as JSON-RPC says
+            # The connection is still usable after an early refusal.
+            assert (await c.get("/custom")).status_code == 200
+            env.latches[k].release()
+            assert (await held).status_code == 200
+
+    run(main(), timeout=20)
+    assert rejected(gate, "jsonrpc") == 2
+
+
+def test_tenant_key_from_the_scope(env: Any, front: Any) -> None:
+    gate = new_gate(4, max_concurrent_runs_per_scope=1)
+
+    def tenant(scope: Any) -> str:
+        return dict(scope["headers"]).get(b"x-tenant", b"").decode()
+
+    front(gate, session_id=tenant)
+    k1, k2 = key(), key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            a = asyncio.create_task(c.post("/", json=rpc_send(k1), headers={"x-tenant": "a"}))
+            await started(env, k1)
+            refused = await c.post("/", json=rpc_send(key()), headers={"x-tenant": "a"})
+            assert refused.status_code == 429
+            b = asyncio.create_task(c.post("/", json=rpc_send(k2), headers={"x-tenant": "b"}))
+            await started(env, k2)
+            assert gate.in_flight == 2
+            env.latches[k1].release()
+            env.latches[k2].release()
+            assert (await a).status_code == 200 and (await b).status_code == 200
+
+    run(main(), timeout=20)
+
+
+def test_a_bad_tenant_key_function_fails_the_request(env: Any, front: Any) -> None:
+    gate = new_gate(1)
+    front(gate, session_id=lambda scope: 42)
+
+    async def main() -> None:
+        async with client(env) as c:
+            response = await c.post("/", json=jsonrpc("SendMessage", send_params("echo")))
+            assert response.status_code == 500
+
+    run(main())
+    assert counted(gate, "jsonrpc", 1) and gate.in_flight == 0
+
+
+def test_memory_pressure_is_503_and_policy_has_no_retry_after(env: Any, front: Any) -> None:
+    class Sampler:
+        def read(self) -> Any:
+            return admitgate.ResourceSample(rss_mb=500.0)
+
+    hot = admitgate.AdmissionGate(
+        admitgate.ConcurrencyLimitPolicy(max_concurrent_runs=4),
+        resource_policy=admitgate.build_memory_pressure_policy(100),
+        resource_sampler=Sampler(),
+    )
+
+    class Refuse:
+        max_concurrent_runs = 4
+        queue_depth = 0
+        overflow_policy = "reject"
+        max_concurrent_runs_per_scope = 0
+
+        def decide(self, **facts: Any) -> str:
+            return "reject"
+
+    picky = admitgate.AdmissionGate(Refuse())
+
+    async def main() -> None:
+        async with client(env) as c:
+            front(hot)
+            response = await c.post("/", json=jsonrpc("SendMessage", send_params("echo"), 3))
+            assert response.status_code == 503
+            check_retry_after(response)
+            assert response.json()["error"]["data"]["reason"] == "memory_pressure"
+            response = await c.post("/message:send", json=send_params("echo"))
+            assert response.status_code == 503
+            assert response.json()["error"]["status"] == "UNAVAILABLE"
+            front(picky)
+            response = await c.post("/", json=jsonrpc("SendMessage", send_params("echo"), 4))
+            assert response.status_code == 429 and "retry-after" not in response.headers
+            assert response.json()["error"]["data"] == {"reason": "policy", "retryAfter": None}
+            response = await c.post("/message:send", json=send_params("echo"))
+            assert response.status_code == 429 and "retry-after" not in response.headers
+            details = response.json()["error"]["details"]
+            assert [d["@type"].rsplit(".", 1)[1] for d in details] == ["ErrorInfo"]
+            assert details[0]["reason"] == "POLICY"
+
+    run(main())
+    assert rejected(hot, "jsonrpc", "memory_pressure") == 1
+    assert rejected(picky, "rest", "policy") == 1
+
+
+def test_the_retrying_client_gets_through_once_capacity_frees(env: Any, front: Any) -> None:
+    from a2a.client import ClientConfig, create_client
+    from a2a.types import Message, Part, Role, SendMessageRequest
+
+    gate = new_gate(1)
+    front(gate, retry_after=1)
+    k = key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            held = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            transport = RetryingTransport(jitter=0.0)
+            async with httpx.AsyncClient(transport=transport, timeout=10) as http:
+                sdk = await create_client(
+                    agent_card(env.url),
+                    client_config=ClientConfig(httpx_client=http, streaming=False),
+                )
+                request = SendMessageRequest(
+                    message=Message(
+                        role=Role.ROLE_USER,
+                        message_id=str(uuid.uuid4()),
+                        parts=[Part(text="echo through")],
+                    )
+                )
+
+                async def release_after_refusal() -> None:
+                    await wait_until(lambda: rejected(gate, "jsonrpc") == 1)
+                    env.latches[k].release()
+
+                releaser = asyncio.create_task(release_after_refusal())
+                t0 = time.monotonic()
+                events = [event async for event in sdk.send_message(request)]
+                elapsed = time.monotonic() - t0
+                await releaser
+                assert events[0].message.parts[0].text == "through"
+                assert transport.retries == 1
+                assert 1.0 <= elapsed < 5
+            assert (await held).status_code == 200
+
+    run(main(), timeout=20)
+    assert gate.transport_stats()["jsonrpc"]["admitted"] == 2
+    assert rejected(gate, "jsonrpc") == 1
+
+
+def test_under_a_path_prefix(env: Any, front: Any) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    gate = new_gate(1)
+    front(gate, app=Starlette(routes=[Mount("/a2a", app=env.sdk_app)]), path_prefix="/a2a")
+    k = key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            held = asyncio.create_task(c.post("/a2a/", json=rpc_send(k)))
+            await started(env, k)
+            assert in_flight(gate, "jsonrpc") == 1
+            assert (await c.post("/a2a/message:send", json=send_params("echo"))).status_code == 429
+            assert (await c.get("/a2a/custom")).status_code == 200
+            env.latches[k].release()
+            assert (await held).status_code == 200
+
+    run(main(), timeout=20)
+    assert counted(gate, "passthrough", 1) and rejected(gate, "rest") == 1
