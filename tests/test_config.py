@@ -42,6 +42,7 @@ EXPECTED_WARNINGS: dict[str, set[str]] = {
     "good-off.yaml": set(),
     "good-memory-only.yaml": {"gateway-start-ignores-top-level", "memory-only-gate"},
     "good-strings-and-anchors.yaml": set(),
+    "good-full-gateway.yaml": set(),
     "risky-top-level-and-gateway.yaml": {
         "top-level-and-gateway-differ",
         "gateway-start-ignores-top-level",
@@ -486,6 +487,14 @@ def test_invalid_values_name_the_file_line_key_and_value(name, key, value, line)
     message = str(error)
     assert message.startswith(f"{_path(name)}:{line}: ")
     assert key in message
+
+
+def test_environment_placeholders_are_explained(tmp_path):
+    path = _write(tmp_path, {"gateway": {"max_concurrent_runs": "${MAX_RUNS}"}})
+    with pytest.raises(config.ConfigError, match=r"does not substitute \$\{\.\.\.\}"):
+        config.load(path)
+    with pytest.raises(ValueError):  # and BotOS refuses it too
+        BotOS.from_config(path)
 
 
 def test_booleans_written_as_words_are_explained():

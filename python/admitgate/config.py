@@ -85,7 +85,6 @@ SETTING_NAMES = (
 )
 _COUNTS = ("max_concurrent_runs", "queue_depth", "max_concurrent_runs_per_scope")
 _PROFILES = ("production", "default", "off")
-_SOFT_RATIO = 0.9
 _PRESET_QUEUE_DEPTH = 32
 _PRESET_DRAIN_S: dict[str | None, float] = {
     "production": 15.0,
@@ -248,7 +247,8 @@ class GateSettings:
     @property
     def soft_rss_mb(self) -> float:
         """Soft RSS threshold, ``0.9 × max_rss_mb``: above it new turns wait; 0.0: off."""
-        return _SOFT_RATIO * self.max_rss_mb
+        policy = build_memory_pressure_policy(self.max_rss_mb)  # the gate's own derivation
+        return 0.0 if policy is None else float(policy.soft_rss_mb)
 
     @property
     def reliability(self) -> str | None:
@@ -473,6 +473,10 @@ def _as_written(found: _Found) -> str:
     return ""
 
 
+def _at(line: int | None) -> str:
+    return "" if line is None else f" (line {line})"
+
+
 def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -506,6 +510,11 @@ class _Validator:
         self.problems: list[ConfigProblem] = []
 
     def refuse(self, name: str, found: _Found, reason: str) -> None:
+        if isinstance(found.value, str) and "${" in found.value and found.source != "override":
+            reason += (
+                " (BotOS.from_config does not substitute ${...} in admission settings; "
+                "praisonai gateway start does)"
+            )
         self.problems.append(
             ConfigProblem(name, found.value, found.source, found.line, reason + _as_written(found))
         )
@@ -681,9 +690,8 @@ def _resolve(path: str, doc: _Document, found: Mapping[str, _Found | None]) -> G
                 "overflow_policy", "queue", "preset", None, preset_name
             )
 
-    unchecked = GateSettings(path, settings, (), read_memory_limits(), cpus)
-    warnings = tuple(_warnings(unchecked, doc, found))
-    return GateSettings(path, settings, warnings, unchecked.memory, cpus)
+    resolved = GateSettings(path, settings, (), read_memory_limits(), cpus)
+    return dataclasses.replace(resolved, warnings=tuple(_warnings(resolved, doc, found)))
 
 
 # ------------------------------------------------------------------------------ findings
@@ -703,14 +711,14 @@ def _warnings(
     # The file itself.
     for name in SETTING_NAMES:
         if name in doc.data and name in doc.gateway and doc.data[name] != doc.gateway[name]:
-            top_line = doc.top_lines.get(name, (None, None))[0]
-            gw_line = doc.gateway_lines.get(name, (None, None))[0]
+            top_line = _at(doc.top_lines.get(name, (None, None))[0])
+            gw_line = _at(doc.gateway_lines.get(name, (None, None))[0])
             top, gw = _show(doc.data[name]), _show(doc.gateway[name])
             unset = " (unset, so the default applies)" if doc.data[name] is None else ""
             warn(
                 "top-level-and-gateway-differ",
-                f"{name} is {top} at the top level (line {top_line}) and {gw} under gateway: "
-                f"(line {gw_line}); BotOS.from_config uses the top-level {top}{unset}, "
+                f"{name} is {top} at the top level{top_line} and {gw} under gateway:"
+                f"{gw_line}; BotOS.from_config uses the top-level {top}{unset}, "
                 f"praisonai gateway start uses the gateway: {gw}. Keep one.",
                 name,
             )
@@ -736,7 +744,7 @@ def _warnings(
                 name = key if block == "top" else f"gateway.{key}"
                 warn(
                     "unknown-key",
-                    f"{name} (line {lines.get(key, (None, None))[0]}) is not a setting "
+                    f"{name}{_at(lines.get(key, (None, None))[0])} is not a setting "
                     f"praisonai-bot reads, so it is ignored; did you mean {match}?",
                     match,
                 )
