@@ -126,8 +126,13 @@ class A2AServer:
     """A ``grpc.aio`` server on 127.0.0.1 serving the A2A SDK's gRPC handlers (v1 and v0.3)
     for a :class:`HoldingExecutor`, the standard health service and reflection."""
 
-    def __init__(self, interceptors: list[grpc.aio.ServerInterceptor]) -> None:
+    def __init__(
+        self,
+        interceptors: list[grpc.aio.ServerInterceptor],
+        wrap: Callable[[AgentExecutor], AgentExecutor] | None = None,
+    ) -> None:
         self.executor = HoldingExecutor()
+        self._wrap = wrap
         self._interceptors = interceptors
         self.port = 0
         self.server: grpc.aio.Server | None = None
@@ -135,8 +140,9 @@ class A2AServer:
         self.busy_calls = 0
 
     async def start(self) -> None:
+        executor = self.executor if self._wrap is None else self._wrap(self.executor)
         handler = DefaultRequestHandler(
-            agent_executor=self.executor, task_store=InMemoryTaskStore(), agent_card=agent_card()
+            agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=agent_card()
         )
         server = grpc.aio.server(interceptors=self._interceptors)
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(handler), server)

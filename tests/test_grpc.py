@@ -30,6 +30,7 @@ from a2a.client import ClientConfig, ClientFactory
 from a2a.client.errors import A2AClientError
 from a2a.compat.v0_3 import a2a_v0_3_pb2, a2a_v0_3_pb2_grpc
 from a2a.types import a2a_pb2, a2a_pb2_grpc
+from admitgate.a2a import GatedAgentExecutor
 from admitgate.grpc import (
     A2A_SERVICES,
     PUSHBACK_TRAILER,
@@ -77,6 +78,7 @@ class Servers:
     loop: LoopThread
     work: Served
     every: Served
+    shared: Served  # a GatedAgentExecutor on the interceptor's gate
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +95,26 @@ def servers() -> Iterator[Servers]:
     every_icp = AdmissionInterceptor(every_gate, gate_methods="all", retry_after=0.1)
     work = Served(A2AServer([work_icp]), work_gate, work_icp)
     every = Served(A2AServer([every_icp]), every_gate, every_icp)
+    shared_gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=0)
+    shared_icp = AdmissionInterceptor(shared_gate, retry_after=0.1)
+    shared = Served(
+        A2AServer([shared_icp], wrap=lambda ex: GatedAgentExecutor(ex, shared_gate)),
+        shared_gate,
+        shared_icp,
+    )
+    all_served = (work, every, shared)
 
     async def start() -> None:
-        await work.server.start()
-        await every.server.start()
+        for served in all_served:
+            await served.server.start()
 
     loop.run(start())
-    yield Servers(loop, work, every)
+    yield Servers(loop, work, every, shared)
 
     async def stop() -> None:
-        work.executor.release_all()
-        every.executor.release_all()
-        await work.server.stop()
-        await every.server.stop()
+        for served in all_served:
+            served.executor.release_all()
+            await served.server.stop()
 
     loop.run(stop())
     loop.close()
@@ -117,7 +126,7 @@ def run(servers: Servers) -> Iterator[Any]:
     yield servers.loop.run
 
     async def settled() -> None:
-        for served in (servers.work, servers.every):
+        for served in (servers.work, servers.every, servers.shared):
             await until(lambda s=served: s.gate.in_flight == 0 and s.gate.queued == 0)
 
     servers.loop.run(settled())
@@ -456,6 +465,50 @@ def test_every_call_is_recorded_once(servers: Servers, run: Any) -> None:
         assert s.requests("grpc") == grpc_before + 3
         stats = s.gate.request_stats()["grpc"]
         assert stats["buckets"][-1] == (math.inf, stats["count"]) and stats["sum"] > 0
+
+    run(scenario())
+
+
+# -- gating the work behind the call -------------------------------------------------------
+
+
+def test_gated_executor_takes_over_the_calls_slot(servers: Servers, run: Any) -> None:
+    s = servers.shared  # ceiling 1; the executor is gated on the same gate
+
+    async def scenario() -> None:
+        async with channel(s) as ch:
+            stub = a2a_pb2_grpc.A2AServiceStub(ch)
+            # A blocking send needs the call's slot and its work's: one slot, no deadlock.
+            blocking = stub.SendMessage(user_message("hold:shared-1"))
+            await s.executor.started("shared-1")
+            assert s.gate.in_flight == 1
+            assert s.gate.transport_stats().get("a2a_task", {}).get("admitted", 0) == 0
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.SendMessage(user_message("over"))
+            assert_refused(refused.value, pushback="100")
+            s.executor.release("shared-1")
+            done = await blocking
+            assert done.task.status.state == a2a_pb2.TaskState.TASK_STATE_COMPLETED
+            await until(lambda: s.gate.in_flight == 0)
+
+            # returnImmediately: the call ends at once, the work keeps the slot until it ends.
+            request = user_message("hold:shared-2")
+            request.configuration.return_immediately = True
+            reply = await stub.SendMessage(request)
+            await s.executor.started("shared-2")
+            assert reply.task.status.state in (
+                a2a_pb2.TaskState.TASK_STATE_SUBMITTED,
+                a2a_pb2.TaskState.TASK_STATE_WORKING,
+            )
+            assert s.gate.in_flight == 1  # the response is out, the work still holds the slot
+            with pytest.raises(grpc.aio.AioRpcError) as refused_again:
+                await stub.SendMessage(user_message("over-again"))
+            assert_refused(refused_again.value, pushback="100")
+            s.executor.release("shared-2")
+            await until(lambda: s.gate.in_flight == 0)
+            reply = await stub.SendMessage(user_message("free-again"))
+            assert reply.message.parts[0].text == "echo:free-again"
+            assert s.gate.transport_stats()["grpc"]["admitted"] == 3
 
     run(scenario())
 

@@ -22,6 +22,7 @@ Needs ``grpcio`` (``pip install admitgate[grpc]``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import math
 import random
@@ -34,6 +35,7 @@ import grpc
 import grpc.aio
 
 from ._errors import AdmissionRejected
+from .asgi import _CURRENT_SLOT, ERROR_DOMAIN, _RequestSlot
 
 try:  # google.rpc ships with googleapis-common-protos (a dependency of a2a-sdk and grpcio-status)
     from google.protobuf import any_pb2, duration_pb2  # type: ignore[import-untyped]
@@ -83,9 +85,6 @@ REASON_TRAILER = "admitgate-reason"
 #: The transport label of gated calls, and the label of calls that pass ungated.
 TRANSPORT = "grpc"
 PASSTHROUGH = "passthrough"
-
-# Status details domain of the google.rpc.ErrorInfo attached to a refusal.
-_ERROR_DOMAIN = "admitgate"
 
 # What the gate answers for a reason missing from REJECTION_REASONS (an AdmissionRejected
 # raised by user code with reason=None): "try again later".
@@ -142,7 +141,8 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     receives the call's ``grpc.HandlerCallDetails`` (``.method``, ``.invocation_metadata``)
     and returns a str, ``""`` for none (see :func:`session_from_metadata`); default: every call
     is ``""`` (the global ceiling only). It runs once per gated call, on the event loop, before
-    admission; an exception it raises fails the call (``UNKNOWN``) without touching the gate.
+    admission; an exception it raises, or a value that is not a str (``TypeError``), fails the
+    call (``UNKNOWN``) without touching the gate.
 
     ``retry_after`` fixes the delay (seconds, > 0) sent in ``grpc-retry-pushback-ms`` on a
     refusal; default: the gate's own hint (``AdmissionRejected.retry_after``), and no
@@ -150,6 +150,10 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
 
     A gated call holds its slot until it ends: a unary call until its response is ready, a
     streaming call until its last message is sent, it fails, or the client cancels it.
+    A :class:`admitgate.a2a.GatedAgentExecutor` on the same gate, running the call's work,
+    takes over the call's slot instead of a second one (as behind the HTTP middleware): the
+    slot is released when both the call and ``execute`` are done, so ``returnImmediately`` work
+    stays bounded and a full gate cannot deadlock on blocking sends.
     Every call that reaches a handler costs one ``gate.record_request(transport, seconds)``
     (``"grpc"`` for gated methods, refusals included; ``"passthrough"`` for the rest).
     Handlers of gated methods must be ``async`` (as the A2A SDK's are); a synchronous one
@@ -232,17 +236,16 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 started = time.perf_counter()
-                entered = False
                 try:
-                    async with self._admit(details):
-                        entered = True
+                    slot = await self._enter(details, context)
+                    token = _CURRENT_SLOT.set(slot)
+                    try:
                         async with aclosing(behaviour(request, context)) as responses:
                             async for response in responses:
                                 yield response
-                except AdmissionRejected as exc:
-                    if entered:
-                        raise
-                    await self._refuse(context, exc)
+                    finally:
+                        _reset(token)
+                        await slot.end_request()
                 finally:
                     self._gate.record_request(TRANSPORT, time.perf_counter() - started)
 
@@ -252,30 +255,43 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             # Unary responses, and streaming handlers written as coroutines that call
             # context.write(): the slot is held until the coroutine returns.
             started = time.perf_counter()
-            entered = False
             try:
-                async with self._admit(details):
-                    entered = True
+                slot = await self._enter(details, context)
+                token = _CURRENT_SLOT.set(slot)
+                try:
                     return await behaviour(request, context)
-            except AdmissionRejected as exc:
-                if entered:
-                    raise
-                await self._refuse(context, exc)
+                finally:
+                    _reset(token)
+                    await slot.end_request()
             finally:
                 self._gate.record_request(TRANSPORT, time.perf_counter() - started)
 
         return _rebuild(handler, unary)
 
-    def _admit(self, details: grpc.HandlerCallDetails) -> Any:
+    async def _enter(
+        self, details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> _RequestSlot:
+        """Admit the call (waiting in the gate's queue if need be), or end it refused.
+
+        The slot is shared with a :class:`admitgate.a2a.GatedAgentExecutor` on the same gate
+        that runs this call's work, so that work never takes a second slot."""
         session = "" if self._session_id is None else self._session_id(details)
-        return self._gate.admit(session_id=session, transport=TRANSPORT)
+        if type(session) is not str:
+            raise TypeError(f"session_id(handler_call_details) must return a str, got {session!r}")
+        admission = self._gate.admit(session_id=session, transport=TRANSPORT)
+        try:
+            await admission.__aenter__()
+        except AdmissionRejected as exc:
+            await self._refuse(context, exc)
+            raise  # not reached: abort raises
+        return _RequestSlot(self._gate, admission)
 
     async def _refuse(
         self, context: grpc.aio.ServicerContext[Any, Any], exc: AdmissionRejected
     ) -> None:
         from . import REJECTION_REASONS
 
-        reason = exc.reason or "unknown"
+        reason = exc.reason or "rejected"
         code = grpc.StatusCode[REJECTION_REASONS.get(reason, (0, _DEFAULT_STATUS))[1]]
         retry_after = self._retry_after
         if retry_after is None:
@@ -342,6 +358,13 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         return _rebuild(handler, sync_unary)
 
 
+def _reset(token: contextvars.Token[Any]) -> None:
+    try:
+        _CURRENT_SLOT.reset(token)
+    except ValueError:  # a stream closed from another context: nothing of ours to restore
+        pass
+
+
 def _behaviour(handler: grpc.RpcMethodHandler[Any, Any]) -> Callable[..., Any]:
     if handler.request_streaming:
         found = handler.stream_stream if handler.response_streaming else handler.stream_unary
@@ -384,9 +407,9 @@ def _status_details(
     info = any_pb2.Any()
     info.Pack(
         error_details_pb2.ErrorInfo(
-            reason=(exc.reason or "unknown").upper(),
-            domain=_ERROR_DOMAIN,
-            metadata={"reason": exc.reason or "unknown"},
+            reason=(exc.reason or "rejected").upper(),
+            domain=ERROR_DOMAIN,
+            metadata={"reason": exc.reason or "rejected"},
         )
     )
     status.details.append(info)
