@@ -3,7 +3,9 @@
 - :class:`ControlledExecutor` is a trivial ``AgentExecutor`` whose behaviour the message text
   picks: ``echo <text>`` answers with a message; ``hold <key>`` creates a task, marks it
   working and finishes only when the test releases latch ``<key>`` (so the test decides when
-  work ends, without sleeping); ``fail`` raises.
+  work ends, without sleeping); ``ask`` creates a task that asks for input
+  (``input-required``), which a later ``hold <key>`` on the same task continues; ``fail``
+  raises.
 - :func:`build_sdk_app` serves it with the SDK's own routes (agent card, JSON-RPC at ``/``
   with v0.3 compatibility, REST with v0.3 compatibility) plus a custom route ``/custom`` and
   a raw streaming route ``/upload`` that echoes what it receives (size and digest).
@@ -113,7 +115,7 @@ class ControlledExecutor(AgentExecutor):
         self.peak_running = 0
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """Answer ``echo``, hold a task for ``hold <key>``, raise for ``fail``."""
+        """Answer ``echo``, hold a task for ``hold <key>``, ask for ``ask``, raise for ``fail``."""
         assert context.message is not None
         text = get_message_text(context.message)
         command, _, arg = text.partition(" ")
@@ -130,9 +132,8 @@ class ControlledExecutor(AgentExecutor):
             return
         if command == "fail":
             raise RuntimeError("asked to fail")
-        if command != "hold":
+        if command not in ("hold", "ask"):
             raise ValueError(f"unknown command {text!r}")
-        latch = self.latches[arg]
         task = context.current_task
         if task is None:
             task = new_task_from_user_message(context.message)
@@ -140,6 +141,10 @@ class ControlledExecutor(AgentExecutor):
             task.context_id = context.context_id or task.context_id
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
+        if command == "ask":
+            await updater.requires_input(updater.new_agent_message([Part(text="which one?")]))
+            return
+        latch = self.latches[arg]
         self.running += 1
         self.peak_running = max(self.peak_running, self.running)
         try:

@@ -163,5 +163,6 @@ async def _refuse(context: RequestContext, event_queue: EventQueue, exc: Admissi
         if current.status.state in _INTERRUPTED
         else TaskState.TASK_STATE_REJECTED
     )
-    updater = TaskUpdater(event_queue, task_id, context_id)
+    busy.task_id, busy.context_id = current.id, current.context_id
+    updater = TaskUpdater(event_queue, current.id, current.context_id)
     await updater.update_status(state, message=busy, metadata=metadata)

@@ -234,8 +234,8 @@ def _scan_head(head: bytes) -> tuple[object, object]:
 
     Walks only the top-level object, skipping other members' values (a nested ``"method"``
     inside ``params`` is never taken for the request's). A member not found in ``head`` is
-    ``None``. Used only for the refusal's ``id`` and for logs: a request whose body does not
-    fit the prefix is gated whatever its method says.
+    ``None``. Only the refusal's ``id`` is taken from it: a request whose body does not fit
+    the prefix is gated whatever its method says.
     """
     text = head.decode("utf-8", "replace")
     found: dict[str, object] = {}

@@ -45,7 +45,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
-__all__ = ["RetryingTransport"]
+__all__ = ["RetryingTransport", "is_admission_refusal"]
 
 logger = logging.getLogger("admitgate")
 

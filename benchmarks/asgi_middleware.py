@@ -1,0 +1,308 @@
+"""What AdmissionMiddleware costs: requests/s and latency through it against the bare app.
+
+Run: ``.venv/bin/python benchmarks/asgi_middleware.py [--quick]``
+
+Two uvicorn servers (separate processes, one core's worth of work each when loaded) serve the
+same trivial ASGI handler, one bare and one behind ``admitgate.asgi.AdmissionMiddleware``
+with a gate whose ceiling is never reached (so every gated request takes and returns a real
+slot). For each kind of request the script measures, in interleaved repetitions (bare, then
+middleware, then the other order, ...):
+
+- throughput: ``--concurrency`` httpx keep-alive clients in this process send requests
+  back to back for ``--seconds``; requests/s;
+- latency: one keep-alive client sends requests one at a time; the median round trip.
+
+It prints medians over the repetitions, the throughput ratio (middleware / bare) and the
+latency the middleware adds per request. Last, it times the middleware in-process (ASGI
+calls with no server or network) to give its CPU cost per request directly.
+
+Kinds of request: ``jsonrpc``, a small ``SendMessage`` POSTed to ``/`` (gated: body peeked
+and parsed, slot taken and returned); ``rest``, ``POST /message:send`` (gated);
+``passthrough``, ``GET /custom`` (not gated; one ``record_request``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+RPC_BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "hello"}]}
+        },
+    }
+).encode()
+REST_BODY = json.dumps(
+    {"message": {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "hello"}]}}
+).encode()
+KINDS: dict[str, tuple[str, str, bytes | None]] = {
+    "jsonrpc": ("POST", "/", RPC_BODY),
+    "rest": ("POST", "/message:send", REST_BODY),
+    "passthrough": ("GET", "/custom", None),
+}
+REPLY = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+REPLY_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(REPLY)).encode()),
+]
+
+
+async def trivial_app(scope: Any, receive: Any, send: Any) -> None:
+    """The handler under test: read the body, answer a fixed small JSON."""
+    if scope["type"] != "http":
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": REPLY_HEADERS})
+    await send({"type": "http.response.body", "body": REPLY})
+
+
+def gated_app() -> Any:
+    """The same handler behind the middleware, with a gate that never refuses."""
+    import admitgate
+    from admitgate.asgi import AdmissionMiddleware
+
+    gate = admitgate.build_admission_gate(max_concurrent_runs=100_000)
+    return AdmissionMiddleware(trivial_app, gate)
+
+
+# -- server side --------------------------------------------------------------------------------
+
+
+def serve(variant: str, fd: int) -> None:
+    """Run uvicorn on the inherited listening socket ``fd`` until killed."""
+    import uvicorn
+
+    app = trivial_app if variant == "bare" else gated_app()
+    uvicorn.run(
+        app,
+        fd=fd,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        loop="asyncio",
+    )
+
+
+class Server:
+    """A uvicorn server process for one variant, on a socket bound here (port 0)."""
+
+    def __init__(self, variant: str) -> None:
+        self.variant = variant
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        fd = self.sock.fileno()
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", variant, "--fd", str(fd)],
+            pass_fds=[fd],
+        )
+
+    def stop(self) -> None:
+        """Stop the process and close the socket."""
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.sock.close()
+
+
+# -- client side --------------------------------------------------------------------------------
+
+
+async def wait_ready(url: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 20
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                await client.get(url + "/custom")
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+
+async def throughput(url: str, kind: str, concurrency: int, seconds: float) -> float:
+    """Requests/s with ``concurrency`` keep-alive clients sending back to back."""
+    import httpx
+
+    method, path, body = KINDS[kind]
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+        # Warm up: open every connection.
+        await asyncio.gather(
+            *(client.request(method, path, content=body) for _ in range(concurrency))
+        )
+        done = 0
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                response = await client.request(method, path, content=body)
+                if response.status_code != 200:
+                    raise RuntimeError(f"{kind}: HTTP {response.status_code}")
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.perf_counter() - started)
+
+
+async def latency(url: str, kind: str, count: int) -> float:
+    """Median round trip (seconds) of ``count`` sequential requests on one connection."""
+    import httpx
+
+    method, path, body = KINDS[kind]
+    samples = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        for _ in range(20):
+            await client.request(method, path, content=body)
+        for _ in range(count):
+            t0 = time.perf_counter()
+            response = await client.request(method, path, content=body)
+            samples.append(time.perf_counter() - t0)
+            if response.status_code != 200:
+                raise RuntimeError(f"{kind}: HTTP {response.status_code}")
+    return statistics.median(samples)
+
+
+def in_process(kind: str, calls: int) -> tuple[float, float]:
+    """Mean seconds per ASGI call of the bare app and of the middleware, no server."""
+    method, path, body = KINDS[kind]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    request = {"type": "http.request", "body": body or b"", "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return request
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def timed(app: Any) -> float:
+        for _ in range(1000):
+            await app(dict(scope), receive, send)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            await app(dict(scope), receive, send)
+        return (time.perf_counter() - t0) / calls
+
+    async def both() -> tuple[float, float]:
+        gated = gated_app()
+        bare_runs, gated_runs = [], []
+        for _ in range(5):
+            bare_runs.append(await timed(trivial_app))
+            gated_runs.append(await timed(gated))
+        return statistics.median(bare_runs), statistics.median(gated_runs)
+
+    return asyncio.run(both())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer and shorter repetitions")
+    parser.add_argument("--reps", type=int, help="interleaved repetitions (default 7; quick 3)")
+    parser.add_argument("--seconds", type=float, help="seconds per throughput run (2; quick 0.5)")
+    parser.add_argument("--concurrency", type=int, default=8, help="keep-alive clients (8)")
+    parser.add_argument("--kinds", default="jsonrpc,rest,passthrough", help="comma-separated")
+    parser.add_argument("--serve", choices=("bare", "gated"), help=argparse.SUPPRESS)
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.fd)
+        return
+    reps = args.reps or (3 if args.quick else 7)
+    seconds = args.seconds or (0.5 if args.quick else 2.0)
+    lat_count = 300 if args.quick else 2000
+    kinds = [k for k in args.kinds.split(",") if k]
+    for kind in kinds:
+        if kind not in KINDS:
+            parser.error(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+
+    servers = {variant: Server(variant) for variant in ("bare", "gated")}
+    try:
+        for server in servers.values():
+            asyncio.run(wait_ready(server.url))
+        print(
+            f"uvicorn (h11, asyncio) on loopback; trivial handler; {reps} interleaved reps; "
+            f"throughput: {args.concurrency} httpx keep-alive clients x {seconds} s; "
+            f"latency: median of {lat_count} sequential requests; CPUs: {os.cpu_count()}"
+        )
+        header = (
+            f"{'request':<12} {'bare req/s':>11} {'mw req/s':>10} {'ratio':>7} "
+            f"{'bare lat us':>12} {'mw lat us':>10} {'added us':>9}"
+        )
+        print(header)
+        print("-" * len(header))
+        for kind in kinds:
+            rps: dict[str, list[float]] = {"bare": [], "gated": []}
+            lat: dict[str, list[float]] = {"bare": [], "gated": []}
+            for rep in range(reps):
+                order = ("bare", "gated") if rep % 2 == 0 else ("gated", "bare")
+                for variant in order:
+                    url = servers[variant].url
+                    rps[variant].append(
+                        asyncio.run(throughput(url, kind, args.concurrency, seconds))
+                    )
+                    lat[variant].append(asyncio.run(latency(url, kind, lat_count // reps + 1)))
+            bare_rps, mw_rps = statistics.median(rps["bare"]), statistics.median(rps["gated"])
+            bare_lat, mw_lat = statistics.median(lat["bare"]), statistics.median(lat["gated"])
+            print(
+                f"{kind:<12} {bare_rps:>11.0f} {mw_rps:>10.0f} {mw_rps / bare_rps:>7.3f} "
+                f"{bare_lat * 1e6:>12.0f} {mw_lat * 1e6:>10.0f} {(mw_lat - bare_lat) * 1e6:>9.0f}"
+            )
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    print()
+    print("in-process (ASGI calls, no server, no network): microseconds per request")
+    print(f"{'request':<12} {'bare':>8} {'mw':>8} {'added':>8}")
+    calls = 5_000 if args.quick else 50_000
+    for kind in kinds:
+        bare, gated = in_process(kind, calls)
+        print(f"{kind:<12} {bare * 1e6:>8.2f} {gated * 1e6:>8.2f} {(gated - bare) * 1e6:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
