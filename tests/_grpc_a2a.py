@@ -23,7 +23,7 @@ from a2a.server.request_handlers import DefaultRequestHandler, GrpcHandler
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import a2a_pb2, a2a_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 T = TypeVar("T")
@@ -136,7 +136,7 @@ class A2AServer:
         self._interceptors = interceptors
         self.port = 0
         self.server: grpc.aio.Server | None = None
-        self.health = HealthServicer()
+        self.health = health_aio.HealthServicer()
         self.busy_calls = 0
 
     async def start(self) -> None:
