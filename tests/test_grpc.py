@@ -79,6 +79,7 @@ class Servers:
     work: Served
     every: Served
     shared: Served  # a GatedAgentExecutor on the interceptor's gate
+    bad_tenant: Served  # a session_id callable that returns an int
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +103,17 @@ def servers() -> Iterator[Servers]:
         shared_gate,
         shared_icp,
     )
-    all_served = (work, every, shared)
+    bad_gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=0)
+    bad_icp = AdmissionInterceptor(bad_gate, session_id=lambda details: len(details.method))
+    bad_tenant = Served(A2AServer([bad_icp]), bad_gate, bad_icp)
+    all_served = (work, every, shared, bad_tenant)
 
     async def start() -> None:
         for served in all_served:
             await served.server.start()
 
     loop.run(start())
-    yield Servers(loop, work, every, shared)
+    yield Servers(loop, work, every, shared, bad_tenant)
 
     async def stop() -> None:
         for served in all_served:
@@ -126,7 +130,7 @@ def run(servers: Servers) -> Iterator[Any]:
     yield servers.loop.run
 
     async def settled() -> None:
-        for served in (servers.work, servers.every, servers.shared):
+        for served in (servers.work, servers.every, servers.shared, servers.bad_tenant):
             await until(lambda s=served: s.gate.in_flight == 0 and s.gate.queued == 0)
 
     servers.loop.run(settled())
@@ -445,6 +449,26 @@ def test_session_id_from_metadata_gives_each_tenant_its_lane(servers: Servers, r
             assert reply.message.parts[0].text == "echo:from-b"
             s.executor.release("tenant-a")
             await a
+
+    run(scenario())
+
+
+def test_a_session_id_that_is_not_a_str_fails_the_call_not_the_gate(
+    servers: Servers, run: Any
+) -> None:
+    s = servers.bad_tenant
+
+    async def scenario() -> None:
+        async with channel(s) as ch:
+            stub = a2a_pb2_grpc.A2AServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.SendMessage(user_message("x"))
+            assert failed.value.code() == grpc.StatusCode.UNKNOWN
+            assert s.gate.admitted == 0 and s.gate.rejected == 0 and s.gate.in_flight == 0
+            assert s.requests("grpc") == 1  # counted all the same
+            with pytest.raises(grpc.aio.AioRpcError) as missing:  # ungated calls are unaffected
+                await stub.GetTask(a2a_pb2.GetTaskRequest(id="nope"))
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
     run(scenario())
 

@@ -95,6 +95,21 @@ _REFUSAL_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.
 
 SessionId = Callable[[grpc.HandlerCallDetails], object]
 
+# Wrapped handlers are kept for this many distinct methods (a server serves a fixed set).
+_MAX_CACHED_METHODS = 1024
+
+
+class _CallDetails(grpc.HandlerCallDetails):
+    """The ``grpc.HandlerCallDetails`` a ``session_id`` callable receives."""
+
+    __slots__ = ("method", "invocation_metadata")
+    method: str
+    invocation_metadata: Any
+
+    def __init__(self, method: str, invocation_metadata: Any) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
 
 def session_from_metadata(key: str, *, default: str = "") -> SessionId:
     """A ``session_id=`` callable for :class:`AdmissionInterceptor` that reads the tenant from
@@ -194,6 +209,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         self._gate_all = gate_methods == "all"
         self._session_id = session_id
         self._retry_after = None if retry_after is None else float(retry_after)
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     @property
     def gate(self) -> Any:
@@ -217,19 +233,27 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:  # not served here: gRPC answers UNIMPLEMENTED, nothing to count
             return None
-        if self.gates(handler_call_details.method):
-            return self._gated(handler, handler_call_details)
-        return self._passthrough(handler)
+        # A server hands out the same handler object for a method on every call, so its
+        # wrapped version is built once (the call's details reach the wrapper through its
+        # context); a handler built anew per call is wrapped anew.
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._gated(handler, method) if self.gates(method) else self._passthrough(handler)
+        if cached is not None or len(self._wrapped) < _MAX_CACHED_METHODS:
+            self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     # -- gated calls -------------------------------------------------------------------------
 
     def _gated(
-        self, handler: grpc.RpcMethodHandler[Any, Any], details: grpc.HandlerCallDetails
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
         behaviour = _behaviour(handler)
         if not (inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)):
             raise TypeError(
-                f"admitgate.grpc gates only async handlers; {details.method} is served by the "
+                f"admitgate.grpc gates only async handlers; {method} is served by the "
                 f"synchronous {behaviour!r}"
             )
         if handler.response_streaming and inspect.isasyncgenfunction(behaviour):
@@ -237,7 +261,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 started = time.perf_counter()
                 try:
-                    slot = await self._enter(details, context)
+                    slot = await self._enter(method, context)
                     token = _CURRENT_SLOT.set(slot)
                     try:
                         async with aclosing(behaviour(request, context)) as responses:
@@ -256,7 +280,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             # context.write(): the slot is held until the coroutine returns.
             started = time.perf_counter()
             try:
-                slot = await self._enter(details, context)
+                slot = await self._enter(method, context)
                 token = _CURRENT_SLOT.set(slot)
                 try:
                     return await behaviour(request, context)
@@ -269,13 +293,15 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         return _rebuild(handler, unary)
 
     async def _enter(
-        self, details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
+        self, method: str, context: grpc.aio.ServicerContext[Any, Any]
     ) -> _RequestSlot:
         """Admit the call (waiting in the gate's queue if need be), or end it refused.
 
         The slot is shared with a :class:`admitgate.a2a.GatedAgentExecutor` on the same gate
         that runs this call's work, so that work never takes a second slot."""
-        session = "" if self._session_id is None else self._session_id(details)
+        session: object = ""
+        if self._session_id is not None:
+            session = self._session_id(_CallDetails(method, context.invocation_metadata() or ()))
         if type(session) is not str:
             raise TypeError(f"session_id(handler_call_details) must return a str, got {session!r}")
         admission = self._gate.admit(session_id=session, transport=TRANSPORT)
