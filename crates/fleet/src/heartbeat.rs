@@ -1,0 +1,189 @@
+//! The replica's heartbeat: one pipelined call per interval renews all of its leases and
+//! tickets (not one call per turn), re-takes leases Redis forgot, reports lost ones, and learns
+//! grants whose pub/sub message was lost. While Redis is down it becomes the recovery probe.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::Failure;
+use crate::events::FleetEvent;
+use crate::limit::Inner;
+use crate::registry::Grant;
+use crate::scripts::{Beat, BeatResult, HEARTBEAT_CHUNK};
+
+/// The heartbeat task. Holds the limit weakly, so dropping the last handle stops it.
+pub(crate) async fn run(limit: Weak<Inner>, beat_now: Arc<Notify>, replan: Arc<Notify>) {
+    let mut last = Instant::now();
+    loop {
+        let period = match limit.upgrade() {
+            Some(inner) => inner.period(),
+            None => return,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(last + period) => {}
+            _ = beat_now.notified() => {}
+            _ = replan.notified() => continue,
+        }
+        last = Instant::now();
+        let Some(inner) = limit.upgrade() else { return };
+        if inner.backend.is_up() {
+            if let Err(failure) = inner.beat().await {
+                inner.backend_failed(failure);
+            }
+        } else {
+            inner.probe().await;
+        }
+    }
+}
+
+impl Inner {
+    /// How long until the next beat: the probe interval while Redis is down, the re-check
+    /// interval while a turn waits, the heartbeat interval otherwise.
+    fn period(&self) -> Duration {
+        let heartbeat = self.config.effective_heartbeat_interval();
+        if !self.backend.is_up() {
+            self.config.probe_interval
+        } else if self.registry().waiting() > 0 {
+            heartbeat.min(self.config.recheck_interval)
+        } else {
+            heartbeat
+        }
+    }
+
+    /// Renews everything this replica holds or waits for, in one pipelined round trip, and acts
+    /// on what Redis found.
+    pub(crate) async fn beat(&self) -> Result<(), Failure> {
+        let beats = self.registry().snapshot();
+        // Also with nothing to renew: the call prunes dead holders, hands their room to waiters
+        // and refreshes the fleet-wide counters.
+        let chunks: Vec<&[Beat]> = if beats.is_empty() {
+            vec![&[]]
+        } else {
+            beats.chunks(HEARTBEAT_CHUNK).collect()
+        };
+        let replies = self
+            .backend
+            .call(|con| {
+                let calls = chunks.iter().map(|chunk| {
+                    let mut con = con.clone();
+                    async move { self.scripts.heartbeat(&mut con, chunk).await }
+                });
+                // Sent together on the multiplexed connection: one pipelined round trip.
+                futures_util::future::try_join_all(calls)
+            })
+            .await?;
+        let mut owed = Vec::new();
+        let mut lost = Vec::new();
+        {
+            let mut registry = self.registry();
+            if let Some((status, _)) = replies.last() {
+                self.observe(*status);
+            }
+            let results = replies.iter().flat_map(|(_, results)| results.iter());
+            for (beat, result) in beats.iter().zip(results) {
+                match (beat, result) {
+                    (Beat::Lease { id, .. }, BeatResult::Retaken) => {
+                        if registry.is_live_lease(id) {
+                            self.counters
+                                .lease_retaken
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            // Released while the beat was in flight: the release reached Redis
+                            // first and this beat put the lease back. Give it back again.
+                            owed.push(beat.clone());
+                        }
+                    }
+                    // Only a lease still held is lost; one released meanwhile is not (a
+                    // refresh racing a release must not report a false loss).
+                    (Beat::Lease { id, scope }, BeatResult::Lost) if registry.mark_lost(id) => {
+                        self.counters
+                            .lease_lost
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        lost.push(FleetEvent::LeaseLost {
+                            lease: id.to_string(),
+                            scope: scope.to_string(),
+                        });
+                    }
+                    // Granted (or queued again) for a wait that was withdrawn meanwhile: the
+                    // withdrawal reached Redis first. Give it back again.
+                    (Beat::Ticket { id, .. }, BeatResult::Granted)
+                        if !registry.grant(id, Grant::Fleet) =>
+                    {
+                        owed.push(beat.clone());
+                    }
+                    (Beat::Ticket { id, .. }, BeatResult::Requeued) if !registry.contains(id) => {
+                        owed.push(beat.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for event in lost {
+            self.emit(event);
+        }
+        for beat in owed {
+            let (id, scope) = match beat {
+                Beat::Lease { id, scope } | Beat::Ticket { id, scope, .. } => (id, scope),
+            };
+            self.send_release(id, scope).await;
+        }
+        Ok(())
+    }
+
+    /// While Redis is down: is it back? If so, send the releases owed, register the leases
+    /// taken during the outage (re-take, or count lost), and only then say it is up.
+    pub(crate) async fn probe(self: &Arc<Self>) {
+        let ping = self
+            .backend
+            .call(|mut con| async move { redis::cmd("PING").query_async::<String>(&mut con).await })
+            .await;
+        if ping.is_err() {
+            self.backend.reset();
+            return;
+        }
+        let owed = self.registry().take_owed();
+        if !owed.is_empty() {
+            let sent = self
+                .backend
+                .call(|con| {
+                    let calls = owed.iter().map(|(id, scope)| {
+                        let mut con = con.clone();
+                        async move { self.scripts.release(&mut con, id, scope).await }
+                    });
+                    futures_util::future::try_join_all(calls)
+                })
+                .await;
+            match sent {
+                Ok(replies) => {
+                    if let Some((status, _)) = replies.last() {
+                        self.observe(*status);
+                    }
+                }
+                Err(_) => {
+                    // Releases are idempotent: all of them are sent again next time.
+                    let mut registry = self.registry();
+                    for (id, scope) in owed {
+                        registry.owe(id, scope);
+                    }
+                    drop(registry);
+                    self.backend.reset();
+                    return;
+                }
+            }
+        }
+        if self.beat().await.is_err() {
+            self.backend.reset();
+            return;
+        }
+        if let Some(down_for) = self.backend.mark_up() {
+            self.restart_subscriber();
+            self.emit(FleetEvent::BackendUp {
+                url: self.config.redacted_url(),
+                down_for,
+            });
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! A fleet-wide admission limit on Redis: one in-flight cap shared by every replica of an agent.
+//!
+//! Each admitted turn holds a **lease** in Redis. Taking one is a single Lua call that prunes
+//! expired leases, checks the cap (and the tenant's slice) and adds the lease atomically, so the
+//! fleet never holds more leases than the cap. A replica renews all of its leases with one
+//! pipelined heartbeat call per interval; a replica that dies stops renewing and its leases
+//! expire after `lease_ttl`, with nothing else to clean up. Turns that find no room wait in a
+//! fleet-wide FIFO of **tickets**; a release hands its room to the oldest ticket that can run,
+//! in the same Lua call, and pushes the news over pub/sub.
+//!
+//! This crate never depends on pyo3: a standalone Rust process uses it as it is, and admitgate's
+//! Python binding awaits it from asyncio (through pyo3-async-runtimes) on a tokio runtime that
+//! admitgate owns.
+//!
+//! ```no_run
+//! # async fn turn() -> Result<(), Box<dyn std::error::Error>> {
+//! use admitgate_fleet::{FleetConfig, FleetLimit};
+//!
+//! let mut config = FleetConfig::new("redis://127.0.0.1:6379/0", "agent:coordinator", 20);
+//! config.max_in_flight_per_scope = 4;
+//! let limit = FleetLimit::new(config, tokio::runtime::Handle::current())?;
+//!
+//! let lease = limit.acquire("tenant-42").await?; // waits, fleet-wide FIFO
+//! // ... run the turn ...
+//! lease.release().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//!
+//! **Never over the cap, with two stated exceptions.** Leases are taken by an atomic
+//! check-and-add, so the number of leases never exceeds `max_in_flight` (nor a tenant's
+//! `max_in_flight_per_scope`), except:
+//!
+//! 1. **A human-approval borrow.** A turn that lent its lease while a person decided and finds
+//!    no room on resume borrows one over the cap ([`FleetLimit::reclaim`]). It is counted in
+//!    `borrowed` and repaid by the next release anywhere in the fleet (that release lowers the
+//!    holder count back towards the cap instead of freeing room).
+//! 2. **A lease that expired under a paused holder.** A process paused (GC, SIGSTOP, a frozen
+//!    VM, a network partition) for longer than `lease_ttl` stops renewing; its leases expire and
+//!    another replica may take the room. The paused turn keeps running and learns so at its next
+//!    heartbeat: the lease is re-taken if there is room, otherwise it is counted in `lease_lost`
+//!    ([`FleetEvent::LeaseLost`]). Until that turn ends it overlaps a newer one, so the fleet may
+//!    briefly run one turn over the cap per lost lease.
+//!
+//! **Sizing `lease_ttl` against pauses.** A lease survives a pause shorter than
+//! `lease_ttl - heartbeat_interval - command_timeout` (with the defaults, 10 s − 3.3 s − 1 s
+//! ≈ 5.6 s). Set it above the longest stall you expect (GC pauses, CPU throttling, a slow
+//! Redis failover). A longer TTL costs only how long a crashed replica's leases stay taken
+//! before they return to the fleet.
+//!
+//! **Time** is always the Redis server's (`TIME` inside the scripts), never a replica's clock:
+//! lease expiry and ticket order cannot be skewed by a replica's clock.
+//!
+//! **Fairness.** Tickets are scored by the server's time of arrival. Room goes to the oldest
+//! ticket that can run (under its replica's cap, its tenant below its slice); a ticket that
+//! cannot run is skipped, not dropped. A newcomer takes a lease directly only when no waiting
+//! ticket can run. So a turn never starts after a turn that arrived anywhere in the fleet more
+//! than one hand-off latency later. Tickets expire with their replica (the heartbeat renews
+//! them), so a dead replica's waiters do not block the queue for longer than `lease_ttl`.
+//!
+//! **Hand-off** is pushed: a release grants the room to the next ticket inside its Lua call and
+//! publishes the ticket's id on `{key}:grants`; the waiting replica's listener wakes the turn at
+//! once. Since a published message can be lost, a replica with waiting turns also re-checks every
+//! `recheck_interval` (the same heartbeat call), which also hands a dead holder's room to waiters
+//! soon after it expires.
+//!
+//! **Cancellation.** Dropping an [`FleetLimit::acquire`] future withdraws its ticket (best
+//! effort; the ticket otherwise expires with the heartbeat), and a lease granted at that moment
+//! is given back, never leaked. Dropping a [`Lease`] gives it back too.
+//!
+//! # Outages
+//!
+//! Every call is bounded by `connect_timeout + command_timeout`: an admission never hangs on a
+//! dead socket. The first failure marks the backend down (counted in `outages`, one
+//! [`FleetEvent::BackendDown`] per outage) and, from then on, admissions decide without a round
+//! trip, as `on_backend_error` says:
+//!
+//! - **`local`** (the default: availability over the exact quota): admit against the replica's
+//!   local ceiling alone (admitgate's own gate). **N replicas may then admit up to N times their
+//!   local ceilings**; size the local ceiling (`max_concurrent_runs`) so that N times it is
+//!   something the protected dependency survives for the length of an outage. Turns waiting for
+//!   a lease run at once.
+//! - **`reject`**: refuse with [`FleetError::Unavailable`] (reason `fleet_unavailable`), and so
+//!   never exceed the cap; turns waiting for a lease are refused too.
+//!
+//! A background probe (every `probe_interval`) detects recovery. Before saying the backend is
+//! up it sends the releases owed from the outage and registers, in one heartbeat, every lease
+//! taken during it: re-taken if there is room, else counted lost.
+//!
+//! A **Redis restart without persistence** erases every lease and ticket. The next heartbeat
+//! re-takes each running turn's lease if there is room (counted in `lease_retaken`), otherwise
+//! counts it lost, and queues each waiting turn's ticket again with its original arrival time.
+//! Scripts are reloaded on NOSCRIPT.
+//!
+//! # Rolling deploys with different caps
+//!
+//! Each replica enforces **its own** `max_in_flight` (and slice): every script call carries the
+//! caller's cap, and a ticket stores its replica's cap. A replica configured with 10 takes a
+//! lease only while fewer than 10 are held fleet-wide, one configured with 20 while fewer than
+//! 20. During a deploy that lowers the cap from 20 to 10 the fleet therefore holds at most 20
+//! (the largest cap still running), and new replicas wait until the fleet drains below 10; once
+//! the old replicas are gone the cap is 10 everywhere. Nothing is stored in Redis, so there is no
+//! "last writer wins" flapping and no stale cap after a rollback.
+//!
+//! # Redis layout
+//!
+//! All keys of one limit share the hash tag `{key}` (one cluster slot):
+//! `{key}:holders` (sorted set, lease id → expiry in server milliseconds),
+//! `{key}:scope:<scope>` (the same, per tenant), `{key}:tickets` (sorted set, ticket id →
+//! arrival in server microseconds), `{key}:ticket_expiry`, `{key}:ticket_info` (a ticket's cap,
+//! TTL, slice and scope), `{key}:borrowed`, and the pub/sub channel `{key}:grants`. Every key
+//! carries an expiry just past its newest member, so an idle limit leaves nothing behind. The
+//! per-tenant keys are derived inside the scripts from the `{key}:scope:` prefix; they share the
+//! hash tag, so they live in the same slot as the declared keys.
+//!
+//! # Cost
+//!
+//! An uncontended turn costs one round trip to take its lease and one to release it. A
+//! replica's heartbeat is one pipelined call per `lease_ttl / 3` (per `recheck_interval` while
+//! it has waiting turns), whatever the number of its leases. A script's work grows with the
+//! number of waiting tickets (each call walks the queue once).
+
+mod backend;
+mod config;
+mod error;
+mod events;
+mod heartbeat;
+mod lease;
+mod lending;
+mod limit;
+mod registry;
+mod scripts;
+mod stats;
+mod subscriber;
+mod tickets;
+
+pub use config::{ConfigError, FleetConfig, OnBackendError};
+pub use error::FleetError;
+pub use events::{log_events, EventHandler, FleetEvent};
+pub use lease::Lease;
+pub use lending::Reclaim;
+pub use limit::FleetLimit;
+pub use stats::FleetStats;

@@ -1,0 +1,350 @@
+//! [`FleetLimit`], the handle a replica uses, and the state its tasks share.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::backend::{Backend, Failure};
+use crate::config::{ConfigError, FleetConfig, OnBackendError};
+use crate::error::FleetError;
+use crate::events::{log_events, EventHandler, FleetEvent};
+use crate::lease::Lease;
+use crate::registry::{Registry, Removed};
+use crate::scripts::{Caps, FleetStatus, Keys, Scripts};
+use crate::stats::{Counters, FleetStats};
+use crate::{heartbeat, subscriber};
+
+/// One fleet-wide limit, shared by every replica configured with the same `key` on the same
+/// Redis. Cheap to clone (all clones are the same limit); every method may be called from any
+/// thread, and the futures are `Send + 'static`-friendly (clone the limit into them).
+///
+/// Background work (the heartbeat and the pub/sub listener) starts on the given runtime with the
+/// first acquisition (or [`connect`](FleetLimit::connect)), and stops when the last clone and
+/// the last lease are dropped, or at [`shutdown`](FleetLimit::shutdown).
+#[derive(Clone)]
+pub struct FleetLimit {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Tasks {
+    started: bool,
+    heartbeat: Option<AbortHandle>,
+    subscriber: Option<AbortHandle>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: FleetConfig,
+    pub(crate) backend: Backend,
+    pub(crate) scripts: Scripts,
+    registry: Mutex<Registry>,
+    pub(crate) counters: Counters,
+    pub(crate) handle: Handle,
+    events: RwLock<EventHandler>,
+    id_prefix: String,
+    next_id: AtomicU64,
+    tasks: Mutex<Tasks>,
+    /// Beat (or probe) at once.
+    pub(crate) beat_now: Arc<Notify>,
+    /// The heartbeat's period may have changed (a turn started waiting): re-plan without beating.
+    pub(crate) replan: Arc<Notify>,
+    closed: AtomicBool,
+}
+
+impl FleetLimit {
+    /// Validates `config` and prepares the limit; touches no network and starts no task yet.
+    /// `runtime` is where its tasks will run (admitgate's own runtime in the Python binding).
+    pub fn new(config: FleetConfig, runtime: Handle) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let backend = Backend::new(&config, runtime.clone())?;
+        let caps = Caps {
+            cap: config.max_in_flight,
+            slice: config.max_in_flight_per_scope,
+            ttl_ms: config.lease_ttl.as_millis() as u64,
+        };
+        let scripts = Scripts::new(Keys::new(&config.key), caps);
+        // Lease ids: replica id, a random per-instance nonce (pods restart with the same host
+        // name and pid 1), and a counter.
+        let nonce = RandomState::new().build_hasher().finish();
+        let id_prefix = format!("{}#{:016x}#", config.replica_id, nonce);
+        Ok(FleetLimit {
+            inner: Arc::new(Inner {
+                config,
+                backend,
+                scripts,
+                registry: Mutex::new(Registry::default()),
+                counters: Counters::default(),
+                handle: runtime,
+                events: RwLock::new(log_events()),
+                id_prefix,
+                next_id: AtomicU64::new(0),
+                tasks: Mutex::new(Tasks::default()),
+                beat_now: Arc::new(Notify::new()),
+                replan: Arc::new(Notify::new()),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Routes [`FleetEvent`]s (outages, recoveries, lost leases) to `handler` instead of the
+    /// `log` crate.
+    pub fn set_event_handler(&self, handler: EventHandler) {
+        *self.inner.events.write().unwrap_or_else(|e| e.into_inner()) = handler;
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &FleetConfig {
+        &self.inner.config
+    }
+
+    /// Starts the background tasks and checks that Redis answers (one bounded round trip).
+    /// Optional: acquisitions connect by themselves, and an unreachable Redis at start-up is
+    /// just an outage.
+    pub async fn connect(&self) -> Result<(), FleetError> {
+        self.inner.ensure_started();
+        let reply = self
+            .inner
+            .backend
+            .call(|mut con| async move { redis::cmd("PING").query_async::<String>(&mut con).await })
+            .await;
+        match reply {
+            Ok(_) => Ok(()),
+            Err(failure) => {
+                let message = failure.0.clone();
+                self.inner.backend_failed(failure);
+                Err(FleetError::Backend(message))
+            }
+        }
+    }
+
+    /// Waits for a lease for a turn of `scope` ("" for none), in fleet-wide FIFO order.
+    ///
+    /// One round trip when there is room. Otherwise the turn holds a ticket until a release
+    /// anywhere in the fleet hands it a lease (pushed over pub/sub, re-checked every
+    /// `recheck_interval`). Dropping the future withdraws the ticket, and gives back a lease
+    /// granted at that moment. While Redis is down it decides without a round trip: a local
+    /// lease (`on_backend_error = local`) or [`FleetError::Unavailable`] (`reject`).
+    pub async fn acquire(&self, scope: &str) -> Result<Lease, FleetError> {
+        // A waiting take only comes back empty if the limit closed under it.
+        self.inner
+            .take(scope, true)
+            .await?
+            .ok_or(FleetError::Closed)
+    }
+
+    /// A lease for `scope` if one is free now (one round trip), else `None`; never queues.
+    pub async fn try_acquire(&self, scope: &str) -> Result<Option<Lease>, FleetError> {
+        self.inner.take(scope, false).await
+    }
+
+    /// A snapshot of the counters, without a round trip.
+    pub fn stats(&self) -> FleetStats {
+        let inner = &self.inner;
+        let mut stats = FleetStats {
+            max_in_flight: inner.config.max_in_flight,
+            max_in_flight_per_scope: inner.config.max_in_flight_per_scope,
+            backend_up: inner.backend.is_up(),
+            outages: inner.backend.outages(),
+            ..FleetStats::default()
+        };
+        inner.counters.fill(&mut stats);
+        let registry = inner.registry();
+        stats.held = registry.held() as u64;
+        stats.waiting = registry.waiting() as u64;
+        stats
+    }
+
+    /// Whether Redis answered the last call.
+    pub fn backend_up(&self) -> bool {
+        self.inner.backend.is_up()
+    }
+
+    /// Gives back every lease and withdraws every ticket of this replica (bounded round trips),
+    /// ends all waits with [`FleetError::Closed`] and stops the background tasks. Leases still
+    /// held by callers become inert.
+    pub async fn shutdown(&self) {
+        let inner = &self.inner;
+        inner.closed.store(true, Ordering::Release);
+        let owed = inner.registry().close();
+        inner.stop_tasks();
+        if inner.backend.is_up() && !owed.is_empty() {
+            let releases = owed.iter().map(|(id, scope)| {
+                inner.backend.call(move |mut con| async move {
+                    inner.scripts.release(&mut con, id, scope).await
+                })
+            });
+            let replies = futures_util::future::join_all(releases).await;
+            for (status, _) in replies.into_iter().flatten() {
+                inner.observe(status);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FleetLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetLimit")
+            .field("config", &self.inner.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Inner {
+    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
+        // The registry's invariants hold between statements, so a panic elsewhere leaves it usable.
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn next_id(&self) -> Arc<str> {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Arc::from(format!("{}{n}", self.id_prefix))
+    }
+
+    pub(crate) fn observe(&self, status: FleetStatus) {
+        self.counters.observe(status);
+    }
+
+    pub(crate) fn emit(&self, event: FleetEvent) {
+        let handler = self
+            .events
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        handler(&event);
+    }
+
+    /// Starts the heartbeat and the pub/sub listener, once.
+    pub(crate) fn ensure_started(self: &Arc<Self>) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if tasks.started || self.is_closed() {
+            return;
+        }
+        tasks.started = true;
+        let weak = Arc::downgrade(self);
+        tasks.heartbeat = Some(
+            self.handle
+                .spawn(heartbeat::run(
+                    weak,
+                    self.beat_now.clone(),
+                    self.replan.clone(),
+                ))
+                .abort_handle(),
+        );
+        tasks.subscriber = Some(self.spawn_subscriber());
+    }
+
+    fn spawn_subscriber(self: &Arc<Self>) -> AbortHandle {
+        self.handle
+            .spawn(subscriber::run(Arc::downgrade(self)))
+            .abort_handle()
+    }
+
+    /// A fresh pub/sub listener (after an outage the old connection may be a dead socket).
+    pub(crate) fn restart_subscriber(self: &Arc<Self>) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if !tasks.started || self.is_closed() {
+            return;
+        }
+        if let Some(old) = tasks.subscriber.take() {
+            old.abort();
+        }
+        tasks.subscriber = Some(self.spawn_subscriber());
+    }
+
+    fn stop_tasks(&self) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for task in [tasks.heartbeat.take(), tasks.subscriber.take()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
+        }
+    }
+
+    /// A call failed: the first failure of an outage warns once, ends every wait as
+    /// `on_backend_error` says, and starts the recovery probe.
+    pub(crate) fn backend_failed(&self, failure: Failure) {
+        if self.backend.mark_down() {
+            self.emit(FleetEvent::BackendDown {
+                url: self.config.redacted_url(),
+                error: failure.0,
+            });
+            self.registry()
+                .end_waits_offline(self.config.on_backend_error, None);
+            self.beat_now.notify_one();
+        }
+    }
+
+    /// The decision without Redis: a local lease (`local`) or `Unavailable` (`reject`).
+    pub(crate) fn offline_lease(self: &Arc<Self>, scope: Arc<str>) -> Result<Lease, FleetError> {
+        match self.config.on_backend_error {
+            OnBackendError::Local => Ok(self.local_lease(scope)),
+            OnBackendError::Reject => Err(FleetError::Unavailable),
+        }
+    }
+
+    /// A lease that exists only here until Redis returns and the heartbeat registers it.
+    pub(crate) fn local_lease(self: &Arc<Self>, scope: Arc<str>) -> Lease {
+        let id = self.next_id();
+        self.registry().insert_held(id.clone(), scope.clone());
+        Lease::new(self.clone(), id, scope)
+    }
+
+    /// Stops tracking `id` and gives it back to Redis (lease or ticket, whichever it is); while
+    /// Redis is down the release is owed and sent when it returns.
+    pub(crate) async fn give_back(&self, id: Arc<str>, scope: Arc<str>) {
+        if self.registry().remove(&id) == Removed::Nothing {
+            return;
+        }
+        self.send_release(id, scope).await;
+    }
+
+    /// Sends a release for an id this replica no longer tracks.
+    pub(crate) async fn send_release(&self, id: Arc<str>, scope: Arc<str>) {
+        if self.is_closed() && !self.backend.is_up() {
+            return;
+        }
+        if !self.backend.is_up() {
+            self.registry().owe(id, scope);
+            return;
+        }
+        let reply = self
+            .backend
+            .call(|mut con| {
+                let (id, scope) = (&id, &scope);
+                async move { self.scripts.release(&mut con, id, scope).await }
+            })
+            .await;
+        match reply {
+            Ok((status, _)) => self.observe(status),
+            Err(failure) => {
+                self.registry().owe(id, scope);
+                self.backend_failed(failure);
+            }
+        }
+    }
+
+    /// [`give_back`](Self::give_back) from a destructor: runs on the limit's runtime.
+    pub(crate) fn spawn_give_back(self: &Arc<Self>, id: Arc<str>, scope: Arc<str>) {
+        let inner = self.clone();
+        // A runtime that was shut down drops the task: the lease then expires after its TTL.
+        self.handle
+            .spawn(async move { inner.give_back(id, scope).await });
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop_tasks();
+    }
+}

@@ -1,0 +1,13 @@
+-- Give back a lease, or withdraw a ticket (a cancelled wait), whichever the id is; a ticket
+-- granted at the moment of its cancellation is a lease by now and is given back too. The room
+-- goes to the oldest ticket that can run. ARGV: 3 id, 4 scope.
+-- Returns {total, borrowed, waiting, removed}: removed 1 when a lease or ticket went.
+local id, scope = ARGV[3], ARGV[4]
+
+prune()
+local removed = drop_ticket(id) + remove_holder(id, scope)
+grant_waiting()
+
+local reply = status()
+reply[4] = removed
+return reply

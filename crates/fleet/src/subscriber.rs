@@ -1,0 +1,75 @@
+//! The pub/sub listener: learns at once that a ticket of this replica was granted, so hand-off
+//! is pushed rather than polled. A message can be lost (a reconnect, a slow consumer dropped by
+//! Redis), which the heartbeat's re-check covers.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::limit::Inner;
+use crate::registry::Grant;
+
+/// Pause between two attempts to subscribe while Redis is up but the subscription fails.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// The listener task. Holds the limit weakly except while handling a message.
+pub(crate) async fn run(limit: Weak<Inner>) {
+    loop {
+        let (client, channel, connect_timeout, command_timeout) = {
+            let Some(inner) = limit.upgrade() else { return };
+            // While Redis is down the probe restarts this task when it returns.
+            if !inner.backend.is_up() {
+                drop(inner);
+                return;
+            }
+            (
+                inner.backend.client().clone(),
+                inner.scripts.keys().channel.clone(),
+                inner.backend.connect_timeout(),
+                inner.backend.command_timeout(),
+            )
+        };
+        let subscribed = async {
+            let mut pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
+                .await
+                .ok()?
+                .ok()?;
+            tokio::time::timeout(command_timeout, pubsub.subscribe(&channel))
+                .await
+                .ok()?
+                .ok()?;
+            Some(pubsub)
+        }
+        .await;
+        if let Some(pubsub) = subscribed {
+            {
+                let Some(inner) = limit.upgrade() else { return };
+                // Grants published before the subscription took effect were missed: re-check.
+                if inner.registry().waiting() > 0 {
+                    inner.beat_now.notify_one();
+                }
+            }
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                let Some(inner) = limit.upgrade() else { return };
+                let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
+                    continue;
+                };
+                let mut registry = inner.registry();
+                for id in payload.split(' ') {
+                    // Ids of other replicas are unknown here and ignored.
+                    registry.grant(id, Grant::Fleet);
+                }
+            }
+            // The connection closed (Redis restarted, or the network failed): subscribe again;
+            // a wait that missed its message meanwhile is found by the heartbeat.
+            if let Some(inner) = limit.upgrade() {
+                if inner.registry().waiting() > 0 {
+                    inner.beat_now.notify_one();
+                }
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
