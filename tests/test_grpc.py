@@ -236,6 +236,29 @@ def test_all_gates_every_a2a_method_and_nothing_else() -> None:
         assert not icp.gates(other), other
 
 
+def test_a_synchronous_handler_of_a_gated_method_is_refused_not_run_ungated() -> None:
+    gate = admitgate.build_admission_gate(max_concurrent_runs=1)
+    icp = AdmissionInterceptor(gate)
+
+    def send_message(request: bytes, context: Any) -> bytes:
+        return request
+
+    async def served(details: Any) -> grpc.RpcMethodHandler[Any, Any]:
+        return grpc.unary_unary_rpc_method_handler(send_message)
+
+    class Details:
+        method = "/lf.a2a.v1.A2AService/SendMessage"
+        invocation_metadata = ()
+
+    with pytest.raises(TypeError, match="gates only async handlers"):
+        asyncio.run(icp.intercept_service(served, Details()))
+    Details.method = "/lf.a2a.v1.A2AService/GetTask"  # ungated: wrapped, stays synchronous
+    handler = asyncio.run(icp.intercept_service(served, Details()))
+    assert handler is not None and handler.unary_unary is not None
+    assert handler.unary_unary(b"abc", None) == b"abc"
+    assert gate.request_stats()["passthrough"]["count"] == 1
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 
