@@ -73,6 +73,15 @@ class Served:
         return self.gate.request_stats().get(transport, {"count": 0})["count"]
 
 
+class _Sampler:
+    """The gate's resource sampler: reads the RSS the test sets (MiB)."""
+
+    rss_mb = 100.0
+
+    def read(self) -> Any:
+        return admitgate.ResourceSample(rss_mb=self.rss_mb)
+
+
 @dataclass
 class Servers:
     loop: LoopThread
@@ -80,6 +89,8 @@ class Servers:
     every: Served
     shared: Served  # a GatedAgentExecutor on the interceptor's gate
     bad_tenant: Served  # a session_id callable that returns an int
+    memory: Served  # memory-aware gate; the test sets the RSS its sampler reads
+    sampler: _Sampler
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +117,22 @@ def servers() -> Iterator[Servers]:
     bad_gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=0)
     bad_icp = AdmissionInterceptor(bad_gate, session_id=lambda details: len(details.method))
     bad_tenant = Served(A2AServer([bad_icp]), bad_gate, bad_icp)
-    all_served = (work, every, shared, bad_tenant)
+    sampler = _Sampler()
+    memory_gate = admitgate.AdmissionGate(
+        admitgate.ConcurrencyLimitPolicy(max_concurrent_runs=4),
+        resource_policy=admitgate.build_memory_pressure_policy(1024),
+        resource_sampler=sampler,
+    )
+    memory_icp = AdmissionInterceptor(memory_gate)
+    memory = Served(A2AServer([memory_icp]), memory_gate, memory_icp)
+    all_served = (work, every, shared, bad_tenant, memory)
 
     async def start() -> None:
         for served in all_served:
             await served.server.start()
 
     loop.run(start())
-    yield Servers(loop, work, every, shared, bad_tenant)
+    yield Servers(loop, work, every, shared, bad_tenant, memory, sampler)
 
     async def stop() -> None:
         for served in all_served:
@@ -130,7 +149,13 @@ def run(servers: Servers) -> Iterator[Any]:
     yield servers.loop.run
 
     async def settled() -> None:
-        for served in (servers.work, servers.every, servers.shared, servers.bad_tenant):
+        for served in (
+            servers.work,
+            servers.every,
+            servers.shared,
+            servers.bad_tenant,
+            servers.memory,
+        ):
             await until(lambda s=served: s.gate.in_flight == 0 and s.gate.queued == 0)
 
     servers.loop.run(settled())
@@ -472,6 +497,35 @@ def test_session_id_from_metadata_gives_each_tenant_its_lane(servers: Servers, r
             assert reply.message.parts[0].text == "echo:from-b"
             s.executor.release("tenant-a")
             await a
+
+    run(scenario())
+
+
+def test_memory_pressure_is_unavailable_and_retried_only_within_the_deadline(
+    servers: Servers, run: Any
+) -> None:
+    s = servers.memory
+
+    async def scenario() -> None:
+        servers.sampler.rss_mb = 2048.0  # above the hard threshold (1024 MiB)
+        try:
+            async with channel(s, *retry_pushback_interceptors(5, deadline_s=1.0)) as ch:
+                stub = a2a_pb2_grpc.A2AServiceStub(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.SendMessage(user_message("heavy"))
+                err = refused.value
+                assert err.code() == grpc.StatusCode.UNAVAILABLE
+                found = trailers(err)
+                assert found[REASON_TRAILER] == "memory_pressure"
+                # The gate's hint for memory pressure, longer than the client's 1 s deadline:
+                # refused once, not retried.
+                assert int(found[PUSHBACK_TRAILER]) > 1000
+                assert s.grpc_stats()["rejected"]["memory_pressure"] == 1
+                servers.sampler.rss_mb = 100.0
+                reply = await stub.SendMessage(user_message("light"))
+                assert reply.message.parts[0].text == "echo:light"
+        finally:
+            servers.sampler.rss_mb = 100.0
 
     run(scenario())
 
