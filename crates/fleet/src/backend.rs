@@ -93,17 +93,28 @@ impl Backend {
             .take();
     }
 
-    /// Runs one call on the connection, bounded by `connect_timeout + command_timeout`.
+    /// Runs one call on the connection, bounded by `connect_timeout + command_timeout` in all.
+    /// A call that finds its connection dropped (Redis restarted, a proxy closed it) is sent
+    /// once more on a fresh connection within the same bound, so a quick restart is not an
+    /// outage; every script is idempotent per lease id, so a repeat is harmless.
     pub(crate) async fn call<T, F, Fut>(&self, f: F) -> Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let con = self.connection()?;
         let bound = self.connect_timeout + self.command_timeout;
-        match tokio::time::timeout(bound, f(con)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.failure(&e)),
+        let attempts = async {
+            let first = f(self.connection()?).await;
+            match first {
+                Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
+                    self.reset();
+                    f(self.connection()?).await.map_err(|e| self.failure(&e))
+                }
+                other => other.map_err(|e| self.failure(&e)),
+            }
+        };
+        match tokio::time::timeout(bound, attempts).await {
+            Ok(result) => result,
             Err(_) => Err(Failure(format!("no answer within {bound:?}"))),
         }
     }

@@ -113,7 +113,10 @@ async fn a_release_hands_off_to_a_waiter_on_another_replica_promptly() {
         .await;
         let released = Instant::now();
         held.release().await;
-        let (lease, started) = waiter.await.unwrap();
+        let (lease, started) = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("handed off without waiting for a re-check")
+            .unwrap();
         samples.push(started - released);
         lease.release().await;
     }
@@ -440,4 +443,62 @@ async fn try_acquire_never_queues_and_dropped_leases_are_given_back() {
     })
     .await;
     assert!(a.try_acquire("").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_racing_releases_report_no_false_loss_and_leak_nothing() {
+    let server = shared();
+    let key = unique_key("race");
+    let mut c = config(server, &key, 2);
+    // Beats as often as allowed, so they keep overlapping releases; waiters on both replicas
+    // take freed room at once, so a beat that raced a release finds the room gone.
+    c.heartbeat_interval = Some(Duration::from_millis(10));
+    c.recheck_interval = Duration::from_millis(10);
+    let (a, b) = (limit(c.clone()), limit(c));
+    let mut workers = Vec::new();
+    for replica in [&a, &a, &b, &b, &b] {
+        let replica = replica.clone();
+        workers.push(tokio::spawn(async move {
+            for _ in 0..150 {
+                let lease = replica.acquire("").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                lease.release().await;
+            }
+        }));
+    }
+    for worker in workers {
+        tokio::time::timeout(Duration::from_secs(30), worker)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!((a.stats().lease_lost, b.stats().lease_lost), (0, 0));
+    eventually(Duration::from_secs(1), "nothing left", || {
+        server.zcard(&holders(&key)) == 0 && server.zcard(&tickets(&key)) == 0
+    })
+    .await;
+    // Without contention a beat that raced a release finds room and puts the lease back; the
+    // replica then gives it back again instead of leaving it to expire (TTL 3 s).
+    let mut c = config(server, &key, 10);
+    c.heartbeat_interval = Some(Duration::from_millis(10));
+    let alone = limit(c);
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let alone = alone.clone();
+        workers.push(tokio::spawn(async move {
+            for _ in 0..150 {
+                let lease = alone.acquire("").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                lease.release().await;
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    eventually(Duration::from_secs(1), "no lease put back and left", || {
+        server.zcard(&holders(&key)) == 0
+    })
+    .await;
+    assert_eq!(alone.stats().lease_lost, 0);
 }
