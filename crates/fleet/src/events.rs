@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::OnBackendError;
+
 /// Something an operator should hear about. No event ever carries the URL's password.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FleetEvent {
@@ -14,6 +16,8 @@ pub enum FleetEvent {
         url: String,
         /// What failed.
         error: String,
+        /// What admissions do until it returns.
+        on_backend_error: OnBackendError,
     },
     /// Redis answers again; leases taken during the outage were registered.
     BackendUp {
@@ -43,11 +47,24 @@ impl FleetEvent {
 impl std::fmt::Display for FleetEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FleetEvent::BackendDown { url, error } => write!(
-                f,
-                "fleet limit: Redis at {url} is unreachable ({error}); admissions decide locally \
-                 until it returns"
-            ),
+            FleetEvent::BackendDown {
+                url,
+                error,
+                on_backend_error,
+            } => {
+                let meanwhile = match on_backend_error {
+                    OnBackendError::Local => {
+                        "admitting against each replica's local ceiling (the fleet cap is not \
+                         enforced)"
+                    }
+                    OnBackendError::Reject => "refusing admissions (fleet_unavailable)",
+                };
+                write!(
+                    f,
+                    "fleet limit: Redis at {url} is unreachable ({error}); {meanwhile} until it \
+                     returns"
+                )
+            }
             FleetEvent::BackendUp { url, down_for } => {
                 write!(
                     f,

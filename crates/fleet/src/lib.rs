@@ -114,6 +114,10 @@
 //! per-tenant keys are derived inside the scripts from the `{key}:scope:` prefix; they share the
 //! hash tag, so they live in the same slot as the declared keys.
 //!
+//! The client talks to one Redis server (standalone, or a primary behind a stable address). A
+//! failover to a replica that had not received the latest writes looks like a restart without
+//! persistence and is handled as one. Cluster and Sentinel discovery are not supported yet.
+//!
 //! # Cost
 //!
 //! An uncontended turn costs one round trip to take its lease and one to release it. A

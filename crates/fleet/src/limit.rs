@@ -122,7 +122,8 @@ impl FleetLimit {
         }
     }
 
-    /// Waits for a lease for a turn of `scope` ("" for none), in fleet-wide FIFO order.
+    /// Waits for a lease for a turn of `scope`, in fleet-wide FIFO order. `scope` is the tenant
+    /// (admitgate's `session_id`); "" counts against the fleet cap only, never a slice.
     ///
     /// One round trip when there is room. Otherwise the turn holds a ticket until a release
     /// anywhere in the fleet hands it a lease (pushed over pub/sub, re-checked every
@@ -278,6 +279,7 @@ impl Inner {
             self.emit(FleetEvent::BackendDown {
                 url: self.config.redacted_url(),
                 error: failure.0,
+                on_backend_error: self.config.on_backend_error,
             });
             self.registry()
                 .end_waits_offline(self.config.on_backend_error, None);
@@ -346,5 +348,51 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop_tasks();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_static<T: Send + 'static>(_: &T) {}
+
+    /// The binding hands these futures to pyo3-async-runtimes, which needs `Send + 'static`.
+    #[test]
+    fn futures_are_send_and_static_with_a_cloned_limit() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let limit = FleetLimit::new(
+            FleetConfig::new("redis://127.0.0.1:1/0", "send-check", 1),
+            runtime.handle().clone(),
+        )
+        .unwrap();
+        let l = limit.clone();
+        let acquire = async move { l.acquire("t").await };
+        assert_send_static(&acquire);
+        let l = limit.clone();
+        let try_acquire = async move { l.try_acquire("t").await };
+        assert_send_static(&try_acquire);
+        let l = limit.clone();
+        let reclaim = async move { l.reclaim("t").await };
+        assert_send_static(&reclaim);
+        let l = limit.clone();
+        let lend = async move {
+            let lease = l.acquire("t").await.unwrap();
+            l.lend(lease).await;
+            l.shutdown().await;
+        };
+        assert_send_static(&lend);
+        let l = limit.clone();
+        let connect = async move { l.connect().await };
+        assert_send_static(&connect);
+        // Nothing was started: building a limit touches no network and spawns nothing.
+        assert!(!limit.inner.tasks.lock().unwrap().started);
+        assert!(
+            limit.backend_up(),
+            "unknown counts as up until a call fails"
+        );
     }
 }

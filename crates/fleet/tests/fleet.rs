@@ -502,3 +502,52 @@ async fn heartbeats_racing_releases_report_no_false_loss_and_leak_nothing() {
     .await;
     assert_eq!(alone.stats().lease_lost, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_a_rolling_deploy_each_replica_enforces_its_own_cap() {
+    let server = shared();
+    let key = unique_key("rolling");
+    let old = limit(config(server, &key, 4)); // not yet redeployed
+    let new = limit(config(server, &key, 2)); // redeployed with a lower cap
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(old.acquire("").await.unwrap());
+    }
+    // 3 held: over the new replica's cap, under the old one's.
+    assert!(new.try_acquire("").await.unwrap().is_none());
+    let waiting_new = {
+        let new = new.clone();
+        tokio::spawn(async move { new.acquire("").await.unwrap() })
+    };
+    eventually(Duration::from_secs(1), "queued", || {
+        server.zcard(&tickets(&key)) == 1
+    })
+    .await;
+    // The old replica's cap still has room, and the new replica's ticket cannot run: no FIFO
+    // block.
+    let fourth = tokio::time::timeout(Duration::from_millis(500), old.acquire(""))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        old.try_acquire("").await.unwrap().is_none(),
+        "never over the larger cap"
+    );
+    // The new replica's turn runs once fewer than 2 are held fleet-wide.
+    fourth.release().await;
+    held.pop().unwrap().release().await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(
+        !waiting_new.is_finished(),
+        "2 still held: not under the new cap"
+    );
+    held.pop().unwrap().release().await;
+    let lease = tokio::time::timeout(Duration::from_secs(1), waiting_new)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(server.zcard(&holders(&key)), 2);
+    lease.release().await;
+    held.pop().unwrap().release().await;
+    assert_eq!(server.zcard(&holders(&key)), 0);
+}
