@@ -283,21 +283,6 @@ def _response_id(value: object) -> str | int | None:
     return value
 
 
-class _Replay:
-    """A ``receive`` that first returns the messages already read, then the rest."""
-
-    __slots__ = ("_pending", "_receive")
-
-    def __init__(self, pending: list[Message], receive: Receive) -> None:
-        self._pending = pending
-        self._receive = receive
-
-    async def __call__(self) -> Message:
-        if self._pending:
-            return self._pending.pop(0)
-        return await self._receive()
-
-
 async def _wait_unless_gone(
     entry: Awaitable[Any], receive: Receive, pending: list[Message], admission: Any
 ) -> bool:
@@ -331,6 +316,19 @@ async def _wait_unless_gone(
         pending.append(message)  # not expected; kept for the app, in order
     await waiter
     return True
+
+
+def _parse(body: bytes) -> object:
+    """``json.loads(body)``, exactly as the A2A SDK parses the request (Starlette's
+    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid."""
+    try:
+        # json.loads(bytes) detects UTF-16/32 from the first two bytes; a body starting with
+        # "{" and a non-NUL byte is UTF-8 to it, so decoding here is the same, minus the probe.
+        if body[:1] == b"{" and body[1:2] not in (b"\x00", b""):
+            return _DECODER.decode(body.decode("utf-8", "surrogatepass"))
+        return json.loads(body)
+    except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
+        return None
 
 
 def _check_retry_after(retry_after: object) -> float | None:
@@ -479,128 +477,131 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         start = perf_counter()
-        kind = self._classify(scope["method"], _route_path(scope))
+        path: str = scope["path"]
+        if scope.get("root_path"):
+            path = _route_path(scope)
+        kind = self._classify(scope["method"], path)
         if kind == _PASS or (kind == _REST_READ and not self._gate_all):
-            transport = "passthrough" if kind == _PASS else "rest"
             end = 0.0
+
+            async def timed_send(message: Message) -> None:
+                nonlocal end
+                await send(message)
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    end = perf_counter()
+
             try:
-                end = await self._forward(scope, receive, send)
+                await self.app(scope, receive, timed_send)
             finally:
-                self.gate.record_request(transport, (end or perf_counter()) - start)
+                self.gate.record_request(
+                    "passthrough" if kind == _PASS else "rest", (end or perf_counter()) - start
+                )
             return
+        await self._gated(scope, receive, send, kind, start)
+
+    async def _gated(
+        self, scope: Scope, receive: Receive, send: Send, kind: int, start: float
+    ) -> None:
+        """Peek at the body, then run the request with a slot, refuse it, or (a JSON-RPC read)
+        run it without one. Records the request once, whatever happens."""
         transport = "jsonrpc" if kind == _JSONRPC else "rest"
         end = 0.0
+        slot: _RequestSlot | None = None
+        token: contextvars.Token[_RequestSlot | None] | None = None
         try:
-            end = await self._admit(scope, receive, send, kind, transport)
-        finally:
-            self.gate.record_request(transport, (end or perf_counter()) - start)
-
-    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> float:
-        """Run the app without a slot; returns when the response ended (0.0: unknown)."""
-        end = 0.0
-
-        async def timed_send(message: Message) -> None:
-            nonlocal end
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                end = perf_counter()
-
-        await self.app(scope, receive, timed_send)
-        return end
-
-    async def _admit(
-        self, scope: Scope, receive: Receive, send: Send, kind: int, transport: str
-    ) -> float:
-        """Peek, then run the request gated (or, for a JSON-RPC read, ungated)."""
-        # Read the start of the body before taking a slot: JSON-RPC needs it to know the
-        # method, and a client that uploads slowly (or leaves) holds no slot meanwhile.
-        message = await receive()
-        if message["type"] != "http.request":  # the client left before sending a body
-            return 0.0
-        pending: list[Message] = [message]
-        more: bool = message.get("more_body", False)
-        size = len(message.get("body", b""))
-        while more and size < self.max_peek_bytes:
+            # Read the start of the body before taking a slot: JSON-RPC needs it to know the
+            # method, and a client that uploads slowly (or leaves) holds no slot meanwhile.
             message = await receive()
-            if message["type"] != "http.request":
-                return 0.0
-            pending.append(message)
-            size += len(message.get("body", b""))
-            more = message.get("more_body", False)
-        if len(pending) > 1:
-            body = b"".join(m.get("body", b"") for m in pending)
-            pending = [{"type": "http.request", "body": body, "more_body": more}]
-        rpc_id: object = None
-        if kind == _JSONRPC:
-            if more or size > self.max_peek_bytes:
-                # Too long to inspect: gated work, whatever its method says.
-                rpc_id = _scan_head(pending[0].get("body", b"")[: self.max_peek_bytes])[1]
+            if message["type"] != "http.request":  # the client left before sending a body
+                return
+            pending: list[Message] = [message]
+            more: bool = message.get("more_body", False)
+            if more:
+                size = len(message.get("body", b""))
+                while more and size < self.max_peek_bytes:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return
+                    pending.append(message)
+                    size += len(message.get("body", b""))
+                    more = message.get("more_body", False)
+                body = b"".join(m.get("body", b"") for m in pending)
+                pending = [{"type": "http.request", "body": body, "more_body": more}]
             else:
-                try:
-                    request = json.loads(pending[0].get("body", b""))
-                except ValueError:
-                    request = None
-                method = None
-                if isinstance(request, dict):
-                    method = request.get("method")
-                    rpc_id = request.get("id")
-                if not self._gate_all and method not in _WORK_METHODS:
-                    return await self._forward(scope, _Replay(pending, receive), send)
-        return await self._run_gated(scope, receive, send, pending, more, transport, rpc_id)
+                body = message.get("body", b"")
+            rpc_id: object = None
+            gated = True
+            if kind == _JSONRPC:
+                if more or len(body) > self.max_peek_bytes:
+                    # Too long to inspect: gated work, whatever its method says.
+                    rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
+                else:
+                    request = _parse(body)
+                    method = None
+                    if type(request) is dict:
+                        method = request.get("method")
+                        rpc_id = request.get("id")
+                    gated = self._gate_all or method in _WORK_METHODS
 
-    async def _run_gated(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        pending: list[Message],
-        more: bool,
-        transport: str,
-        rpc_id: object,
-    ) -> float:
-        """Admit, then run the app while the slot is held, or refuse. Returns when the response
-        ended (0.0: unknown)."""
-        session = "" if self.session_id is None else self.session_id(scope)
-        if type(session) is not str:
-            raise TypeError(f"session_id(scope) must return a str, got {session!r}")
-        admission = self.gate.admit(session_id=session, transport=transport)
-        try:
-            entry = admission.__aenter__()
-            if type(entry) is Ready or more:
-                await entry
-            elif not await _wait_unless_gone(entry, receive, pending, admission):
-                return 0.0
-        except AdmissionRejected as exc:
-            await self._refuse(send, transport, exc, rpc_id)
-            return perf_counter()
+            if not gated:
 
-        slot = _RequestSlot(self.gate, admission)
-        end = 0.0
+                async def replay() -> Message:
+                    if pending:
+                        return pending.pop()
+                    return await receive()
 
-        async def gated_receive() -> Message:
-            if pending:
-                return pending.pop(0)
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                await slot.end_request()
-            return message
+                async def timed_send(message: Message) -> None:
+                    nonlocal end
+                    await send(message)
+                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                        end = perf_counter()
 
-        async def gated_send(message: Message) -> None:
-            nonlocal end
+                await self.app(scope, replay, timed_send)
+                return
+
+            session = "" if self.session_id is None else self.session_id(scope)
+            if type(session) is not str:
+                raise TypeError(f"session_id(scope) must return a str, got {session!r}")
+            admission = self.gate.admit(session_id=session, transport=transport)
             try:
-                await send(message)
-            finally:
-                if message["type"] == "http.response.body" and not message.get("more_body", False):
-                    end = perf_counter()
-                    await slot.end_request()
+                entry = admission.__aenter__()
+                if type(entry) is Ready or more:
+                    await entry
+                elif not await _wait_unless_gone(entry, receive, pending, admission):
+                    return
+            except AdmissionRejected as exc:
+                await self._refuse(send, transport, exc, rpc_id)
+                end = perf_counter()
+                return
 
-        token = _CURRENT_SLOT.set(slot)
-        try:
+            slot = _RequestSlot(self.gate, admission)
+            held = slot
+
+            async def gated_receive() -> Message:
+                if pending:
+                    return pending.pop(0)
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    await held.end_request()
+                return message
+
+            async def gated_send(message: Message) -> None:
+                nonlocal end
+                try:
+                    await send(message)
+                finally:
+                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                        end = perf_counter()
+                        await held.end_request()
+
+            token = _CURRENT_SLOT.set(slot)
             await self.app(scope, gated_receive, gated_send)
         finally:
-            _CURRENT_SLOT.reset(token)
-            await slot.end_request()
-        return end
+            if token is not None:
+                _CURRENT_SLOT.reset(token)
+            if slot is not None:
+                await slot.end_request()
+            self.gate.record_request(transport, (end or perf_counter()) - start)
 
     async def _refuse(
         self, send: Send, transport: str, exc: AdmissionRejected, rpc_id: object
