@@ -131,7 +131,7 @@ impl FleetLimit {
     /// granted at that moment. While Redis is down it decides without a round trip: a local
     /// lease (`on_backend_error = local`) or [`FleetError::Unavailable`] (`reject`).
     pub async fn acquire(&self, scope: &str) -> Result<Lease, FleetError> {
-        // A waiting take only comes back empty if the limit closed under it.
+        // A waiting take never comes back empty (a closed limit is an error).
         self.inner
             .take(scope, true)
             .await?
