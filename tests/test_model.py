@@ -13,8 +13,11 @@ The model (:class:`Model`) states the documented rules (issue 2, README, core mo
 * a turn runs at once when a global slot is free, its tenant is below its sub-limit, no
   eligible waiter is ahead of it, and memory is not under pressure (under soft pressure it
   still runs at once when nothing runs at all);
+* under soft memory pressure a turn that would run at once without it waits outside
+  ``queue_depth``, as long as such waiters are fewer than the free slots;
 * otherwise the policy's decision applies: queue in the queue it would join (its tenant's own
-  when the tenant is at its sub-limit, else the global one), bounded by ``queue_depth``, then
+  when the tenant is at its sub-limit, else the global one), bounded by ``queue_depth`` (not
+  counting waiters held back only by soft pressure), then
   the overflow policy (``reject``, ``queue`` beyond the depth, ``shed_oldest`` evicting that
   queue's oldest waiter); hard memory pressure rejects;
 * freed slots go to the oldest eligible waiter (a waiter whose tenant is at its sub-limit is
@@ -30,11 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from dataclasses import dataclass, field
 
 import admitgate
 from conftest import FakeSampler, settle
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -62,8 +66,17 @@ settings.register_profile(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+settings.register_profile(
+    "debug",  # find a failure fast: no shrinking
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("ci", "long"):
+if PROFILE not in ("ci", "long", "debug"):
     PROFILE = "ci"
 
 SOFT = 500.0
@@ -90,7 +103,8 @@ class Model:
     hard: float
     memory: bool
     foreign_policy: bool
-    queue: list[tuple[int, str | None]] = field(default_factory=list)
+    # (turn, scope, held back only by soft pressure: outside the depth)
+    queue: list[tuple[int, str | None, bool]] = field(default_factory=list)
     running: dict[int, str | None] = field(default_factory=dict)
     human: dict[int, str | None] = field(default_factory=dict)
     outcome: dict[int, str] = field(default_factory=dict)
@@ -109,7 +123,7 @@ class Model:
         return sum(1 for s in self.running.values() if s == scope)
 
     def scope_waiting(self, scope: str | None) -> int:
-        return sum(1 for _, s in self.queue if s == scope)
+        return sum(1 for _, s, outside in self.queue if s == scope and not outside)
 
     def eligible(self, scope: str | None) -> bool:
         return scope is None or self.scope_running(scope) < self.per_scope
@@ -133,7 +147,7 @@ class Model:
             return overflow(self.scope_waiting(scope))
         if self.in_flight() < self.ceiling:
             return ADMIT
-        return overflow(len(self.queue))
+        return overflow(sum(1 for *_, outside in self.queue if not outside))
 
     # -- slot movements -----------------------------------------------------------------
     def _take(self, tid: int, scope: str | None) -> None:
@@ -148,11 +162,11 @@ class Model:
                     budget -= 1
                 elif self.in_flight() > 0:
                     break
-            nxt = next(((t, s) for t, s in self.queue if self.eligible(s)), None)
+            nxt = next((w for w in self.queue if self.eligible(w[1])), None)
             if nxt is None:
                 break
             self.queue.remove(nxt)
-            self._take(*nxt)
+            self._take(nxt[0], nxt[1])
             self.admitted += 1
 
     def arrive(self, tid: int, raw_scope: str, rss: float | None) -> None:
@@ -172,7 +186,7 @@ class Model:
                 )
             return
         scope_blocked = scope is not None and self.scope_running(scope) >= self.per_scope
-        eligible_waiter = any(self.eligible(s) for _, s in self.queue)
+        eligible_waiter = any(self.eligible(s) for _, s, _ in self.queue)
         if (
             self.in_flight() < self.ceiling
             and not scope_blocked
@@ -182,11 +196,19 @@ class Model:
             self._take(tid, scope)
             self.admitted += 1
             return
-        if decision == QUEUE:
+        held_back = sum(1 for *_, outside in self.queue if outside)
+        outside = (
+            self.pressure == QUEUE
+            and concurrency == ADMIT
+            and not scope_blocked
+            and held_back < self.ceiling - self.in_flight()
+        )
+        if decision == QUEUE and not outside:
+            in_depth = [w for w in self.queue if not w[2]]
             if scope_blocked:
-                members = [w for w in self.queue if w[1] == scope]
+                members = [w for w in in_depth if w[1] == scope]
             else:
-                members = list(self.queue)
+                members = in_depth
             if len(members) >= self.depth:
                 if self.overflow == "shed_oldest":
                     if not members:
@@ -202,7 +224,7 @@ class Model:
                     self.rejected += 1
                     self.outcome[tid] = "rejected:queue_full"
                     return
-        self.queue.append((tid, scope))
+        self.queue.append((tid, scope, outside))
         self.dispatch(0)
 
     def release(self, tid: int) -> None:
@@ -230,7 +252,7 @@ class Model:
     def shed_oldest_waiter(self) -> bool:
         if not self.queue:
             return False
-        tid, _ = self.queue.pop(0)
+        tid, _, _ = self.queue.pop(0)
         self.shed += 1
         self.outcome[tid] = "shed"
         return True
@@ -240,9 +262,16 @@ class Model:
             return "running"
         if tid in self.human:
             return "human"
-        if any(t == tid for t, _ in self.queue):
+        if any(t == tid for t, _, _ in self.queue):
             return "waiting"
         return self.outcome[tid]
+
+
+def in_worker(fn, *args) -> None:
+    """Runs ``fn`` on a worker thread and waits for it (deterministic, unlike a pool hop)."""
+    worker = threading.Thread(target=fn, args=args)
+    worker.start()
+    worker.join()
 
 
 class Turn:
@@ -283,12 +312,14 @@ class Turn:
                 assert factory is not None, "HUMAN_WAIT_SCOPE not bound inside the turn"
                 self.human_wait = factory()
                 if command == "human_sync":
-                    self.human_wait.__enter__()
+                    # A sync approval runs on a worker thread (as in a thread pool); a sync
+                    # wait on the loop's own thread lends nothing (tests/test_hardening.py).
+                    in_worker(self.human_wait.__enter__)
                 else:
                     await self.human_wait.__aenter__()
                 self.state = "human"
             elif command == "resume_sync":
-                self.human_wait.__exit__(None, None, None)
+                in_worker(self.human_wait.__exit__, None, None, None)
                 self.state = "running"
             elif command == "resume_async":
                 await self.human_wait.__aexit__(None, None, None)
@@ -391,7 +422,7 @@ class GateMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model is not None and self.model.queue)
     @rule(index=st.integers(0, 100))
     def cancel_waiting_turn(self, index):
-        tid = self.pick([t for t, _ in self.model.queue], index)
+        tid = self.pick([t for t, _, _ in self.model.queue], index)
         self.model.withdraw(tid)
         self.turns[tid].task.cancel()
         self.settle()

@@ -17,6 +17,8 @@ from typing import Any
 
 from . import _admitgate
 from ._admitgate import (
+    DURATION_BUCKETS,
+    MAX_TRANSPORTS,
     AdmissionGate,
     ConcurrencyLimitPolicy,
     InternalError,
@@ -24,12 +26,15 @@ from ._admitgate import (
     RssSampler,
 )
 from ._builders import build_admission_gate, build_memory_pressure_policy
-from ._errors import AdmissionRejected
+from ._errors import REJECTION_REASONS, AdmissionRejected
 from ._types import ResourceSample
 
 __version__: str = _admitgate.__version__
 
 __all__ = [
+    "DURATION_BUCKETS",
+    "MAX_TRANSPORTS",
+    "REJECTION_REASONS",
     "AdmissionDecision",
     "AdmissionGate",
     "AdmissionRejected",

@@ -12,6 +12,8 @@ from typing_extensions import disjoint_base
 from ._types import ResourceSample
 
 __all__ = [
+    "DURATION_BUCKETS",
+    "MAX_TRANSPORTS",
     "InternalError",
     "_invalidate_samplers",
     "_panic_inside_gate",
@@ -22,6 +24,7 @@ __all__ = [
     "Admission",
     "HumanWait",
     "HumanWaitFactory",
+    "LoopMailbox",
     "AdmissionGate",
     "RssSampler",
     "Ready",
@@ -32,6 +35,10 @@ __all__ = [
 ]
 
 __version__: Final[str]
+DURATION_BUCKETS: Final[list[float]]
+"""Upper bounds (seconds) of the request-duration and queue-wait histogram buckets."""
+MAX_TRANSPORTS: Final[int]
+"""The most distinct transports one gate tracks (each is a metric label)."""
 
 class InternalError(RuntimeError):
     """A bug inside admitgate's Rust core (a Rust panic), raised as an ordinary exception.
@@ -39,7 +46,7 @@ class InternalError(RuntimeError):
     The gate stays usable afterwards. Set ``RUST_BACKTRACE=1`` to see where it happened.
     """
 
-@final
+@disjoint_base
 class ConcurrencyLimitPolicy:
     """Config-driven concurrency policy: a ceiling, a bounded wait queue, an overflow rule
     and an optional per-scope (per-tenant) sub-limit. Decides exactly as PraisonAI's
@@ -48,6 +55,9 @@ class ConcurrencyLimitPolicy:
     Counts accept ints, integral floats and integer strings in ``0..2**31-1``; anything else
     raises ``ValueError`` naming the argument. ``overflow_policy`` is ``"reject"``,
     ``"queue"`` or ``"shed_oldest"`` (case and surrounding spaces ignored).
+
+    Immutable; may be subclassed (a gate then calls the subclass's ``decide``), pickled and
+    copied.
     """
 
     def __new__(
@@ -72,6 +82,7 @@ class ConcurrencyLimitPolicy:
     @property
     def enabled(self) -> bool:
         """Whether a ceiling is set."""
+    def __reduce__(self) -> tuple[Any, ...]: ...
     def decide(
         self,
         *,
@@ -84,7 +95,7 @@ class ConcurrencyLimitPolicy:
     ) -> Any:
         """Decide for one turn from the live facts; returns an ``AdmissionDecision``."""
 
-@final
+@disjoint_base
 class MemoryPressurePolicy:
     """The soft/hard RSS ladder: below ``soft_rss_mb`` admit, from soft to ``hard_rss_mb``
     queue, at or over hard reject; an unknown reading admits.
@@ -111,6 +122,7 @@ class MemoryPressurePolicy:
     @property
     def enabled(self) -> bool:
         """Whether any threshold is set."""
+    def __reduce__(self) -> tuple[Any, ...]: ...
     def evaluate(self, sample: Any) -> Any:
         """Decide for one sample (anything with ``rss_mb``); returns an ``AdmissionDecision``."""
 
@@ -149,9 +161,32 @@ class AdmissionGate:
         resource_policy: Any | None = None,
         resource_sampler: Any | None = None,
     ) -> AdmissionGate: ...
-    def admit(self, *, session_id: str | None = None) -> Admission:
+    def admit(self, *, session_id: object = "", transport: str = "direct") -> Admission:
         """One turn's passage: ``async with gate.admit(session_id=user):``. Raises
-        ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting."""
+        ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting.
+
+        ``session_id`` is the tenant key (a str as is, ``None`` as ``""``, anything else by
+        its ``str()``, as the reference accepts). ``transport`` names the front door the turn
+        came through, for :meth:`transport_stats` and the metrics: 1 to 32 characters of
+        ``[a-z0-9_]``, not ``"passthrough"``; a gate keeps at most :data:`MAX_TRANSPORTS`."""
+    @property
+    def max_concurrent_runs(self) -> int:
+        """The ceiling on concurrent runs (0: none)."""
+    @property
+    def saturated(self) -> bool:
+        """Whether in flight is at the ceiling (never without one)."""
+    def transport_stats(self) -> dict[str, dict[str, Any]]:
+        """Per transport: ``in_flight``, ``queued``, ``admitted`` and ``rejected`` (a dict of
+        every rejection reason to its count), for each transport that reached ``admit()``."""
+    def record_request(self, transport: str, seconds: float) -> None:
+        """Record one front-door request (``"passthrough"`` for ungated traffic) that took
+        ``seconds``; called once per request by the ASGI middleware and gRPC interceptor."""
+    def request_stats(self) -> dict[str, dict[str, Any]]:
+        """Per request label: ``count``, ``sum`` (seconds) and cumulative ``buckets``
+        (``[(upper_bound, count), ...]`` ending with ``inf``)."""
+    def queue_wait_stats(self) -> dict[str, Any]:
+        """How long turns that queued waited before being admitted: ``count``, ``sum``,
+        ``buckets`` as in :meth:`request_stats`."""
     @property
     def enabled(self) -> bool:
         """Whether the gate is active (a ceiling, or a memory threshold, is set)."""
@@ -222,7 +257,7 @@ class Ready:
     def __await__(self) -> Generator[Any, Any]: ...
     def __next__(self) -> Any: ...
     def send(self, _value: Any) -> Any: ...
-    def throw(self, typ: Any, val: Any = None, _tb: Any = None) -> None: ...
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> None: ...
     def close(self) -> None: ...
 
 @final
@@ -233,7 +268,7 @@ class Wait:
     def __await__(self) -> Generator[Any, Any]: ...
     def __next__(self) -> Any: ...
     def send(self, _value: Any) -> Any: ...
-    def throw(self, typ: Any, val: Any = None, _tb: Any = None) -> None: ...
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> None: ...
     def close(self) -> None: ...
 
 @final
@@ -252,6 +287,12 @@ class HumanWait:
     def __exit__(self, *_exc: Any) -> bool: ...
     def __aenter__(self) -> Ready: ...
     def __aexit__(self, *_exc: Any) -> Ready: ...
+
+@final
+class LoopMailbox:
+    """Wake-ups posted to one event loop from other threads, delivered in one callback."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None: ...
 
 def _rejection_class() -> type[Exception]: ...
 def _set_rejection_class(cls: type[Exception] | None) -> None: ...

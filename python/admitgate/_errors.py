@@ -1,21 +1,63 @@
-"""The exception a rejected or shed turn raises."""
+"""The exception a refused turn raises, and the one table of rejection reasons."""
 
 from __future__ import annotations
 
 DEFAULT_BUSY_MESSAGE = "Busy right now \u2014 please resend in a moment."
 
+#: Every reason a turn can be refused for, with the HTTP status and gRPC status code name a
+#: front door answers it with. ``queue_full``, ``policy``, ``memory_pressure``, ``closing``,
+#: ``timeout`` and ``fleet_unavailable`` count in the gate's ``rejected``; ``shed`` counts in
+#: ``shed``.
+REJECTION_REASONS: dict[str, tuple[int, str]] = {
+    "queue_full": (429, "RESOURCE_EXHAUSTED"),
+    "shed": (429, "RESOURCE_EXHAUSTED"),
+    "policy": (429, "RESOURCE_EXHAUSTED"),
+    "memory_pressure": (503, "UNAVAILABLE"),
+    "closing": (503, "UNAVAILABLE"),
+    "timeout": (429, "RESOURCE_EXHAUSTED"),
+    "fleet_unavailable": (503, "UNAVAILABLE"),
+}
+
 
 class AdmissionRejected(Exception):
     """A turn was refused because the gateway is at capacity.
 
-    ``message`` is a user-facing busy acknowledgement a bot can send as is. ``reason`` says
-    why the gate refused: ``"queue_full"`` (the queue the turn would join was full),
-    ``"memory_pressure"`` (RSS at or above the hard threshold), ``"shed"`` (evicted from the
-    queue by a newer turn under ``shed_oldest``) or ``"policy"`` (a custom policy said
-    reject); ``None`` when raised by user code.
+    ``message`` is a user-facing busy acknowledgement a bot can send as is (``str(exc)`` is
+    the same text). ``reason`` says why the gate refused (``None`` when raised by user code):
+
+    ===================== ============ ====== ==================
+    reason                counted in   HTTP   gRPC
+    ===================== ============ ====== ==================
+    ``queue_full``        ``rejected`` 429    RESOURCE_EXHAUSTED
+    ``shed``              ``shed``     429    RESOURCE_EXHAUSTED
+    ``policy``            ``rejected`` 429    RESOURCE_EXHAUSTED
+    ``memory_pressure``   ``rejected`` 503    UNAVAILABLE
+    ``closing``           ``rejected`` 503    UNAVAILABLE
+    ``timeout``           ``rejected`` 429    RESOURCE_EXHAUSTED
+    ``fleet_unavailable`` ``rejected`` 503    UNAVAILABLE
+    ===================== ============ ====== ==================
+
+    ``queue_full``: the queue the turn would join was full; ``shed``: evicted from the queue
+    by a newer turn under ``shed_oldest``; ``policy``: a custom policy said reject;
+    ``memory_pressure``: RSS at or above the hard threshold; ``closing``: the gate is
+    draining; ``timeout``: the turn waited longer than the queue timeout;
+    ``fleet_unavailable``: the fleet limit's backend is down and the gate is set to refuse.
+
+    ``retry_after`` is the gate's hint, in seconds, of when trying again may succeed: for
+    capacity reasons ``(turns ahead + 1) / recent release rate`` clamped to 1..30 s (the rate
+    is measured over the last 10 s); a fixed 5 s for ``memory_pressure``; ``None`` for
+    ``policy`` and when raised by user code. The front doors send it as ``Retry-After``
+    (whole seconds, rounded up) and ``grpc-retry-pushback-ms``.
     """
 
-    def __init__(self, message: str = DEFAULT_BUSY_MESSAGE, *, reason: str | None = None):
+    def __init__(
+        self,
+        message: str = DEFAULT_BUSY_MESSAGE,
+        *,
+        reason: str | None = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.reason = reason
+        self.retry_after = retry_after

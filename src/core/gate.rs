@@ -37,7 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::histogram::{Histogram, HistogramSnapshot};
 use super::policy::{ConcurrencyLimit, Decision, Facts, Overflow};
+use super::retry::{ReleaseRate, MEMORY_PRESSURE_RETRY};
 use super::sync::Mutex;
 use super::waiters::{Lane, WaitQueue, WaiterKey, WaiterState};
 
@@ -94,26 +96,56 @@ impl<W> Wakes<W> {
     }
 }
 
-/// Why a turn was refused.
+/// Why a turn was refused. One table maps each reason to its HTTP and gRPC status
+/// (`admitgate.REJECTION_REASONS` in Python, and the README).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rejection {
     /// The queue it would join was full and the overflow policy rejects (or `shed_oldest`
     /// found nobody to evict).
     QueueFull,
-    /// Resident memory is at or above the hard threshold.
-    MemoryPressure,
+    /// Evicted from the queue by a newer turn under `shed_oldest` (counted in `shed`).
+    Shed,
     /// A user-supplied policy said reject.
     Policy,
+    /// Resident memory is at or above the hard threshold.
+    MemoryPressure,
+    /// The gate is closing (drained).
+    Closing,
+    /// It waited longer than the queue timeout.
+    Timeout,
+    /// The fleet-wide limit's backend is unreachable and the gate refuses rather than admit
+    /// against its local ceiling alone.
+    FleetUnavailable,
 }
 
 impl Rejection {
+    /// Every reason, in the order per-reason counters are kept.
+    pub const ALL: [Rejection; 7] = [
+        Rejection::QueueFull,
+        Rejection::Shed,
+        Rejection::Policy,
+        Rejection::MemoryPressure,
+        Rejection::Closing,
+        Rejection::Timeout,
+        Rejection::FleetUnavailable,
+    ];
+
     /// A stable name for logs, metrics and `AdmissionRejected.reason`.
     pub fn as_str(self) -> &'static str {
         match self {
             Rejection::QueueFull => "queue_full",
-            Rejection::MemoryPressure => "memory_pressure",
+            Rejection::Shed => "shed",
             Rejection::Policy => "policy",
+            Rejection::MemoryPressure => "memory_pressure",
+            Rejection::Closing => "closing",
+            Rejection::Timeout => "timeout",
+            Rejection::FleetUnavailable => "fleet_unavailable",
         }
+    }
+
+    /// This reason's position in [`Rejection::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -124,8 +156,9 @@ pub enum Arrival {
     Admitted(Option<Arc<str>>),
     /// It waits; register a waker, then claim the outcome when woken.
     Queued(WaiterKey),
-    /// It was refused.
-    Rejected(Rejection),
+    /// It was refused, with how long the caller should wait before trying again (`None`
+    /// where waiting would not help: a policy's refusal).
+    Rejected(Rejection, Option<Duration>),
 }
 
 /// What [`Gate::claim`] found.
@@ -133,8 +166,8 @@ pub enum Arrival {
 pub enum Claim {
     /// A slot was granted; the turn now holds it and counts as admitted.
     Admitted(Option<Arc<str>>),
-    /// The turn was evicted by `shed_oldest`.
-    Shed,
+    /// The turn was evicted by `shed_oldest`; retry after the hint.
+    Shed(Duration),
     /// Still waiting.
     Waiting,
     /// The key names no record (already claimed or withdrawn).
@@ -196,6 +229,8 @@ pub struct Stats {
 struct ScopeState {
     in_flight: u64,
     lane: Lane,
+    /// Waiters of this lane queued by soft memory pressure alone (outside `queue_depth`).
+    outside_depth: u64,
     /// This lane's key in `ready`, if it is there.
     ready: Option<u64>,
 }
@@ -213,6 +248,14 @@ pub struct GateState<W> {
     cancelled: u64,
     granted_unclaimed: u64,
     peak_in_flight: u64,
+    /// Waiters queued by soft memory pressure alone, outside `queue_depth` (see `arrive`).
+    outside_depth: u64,
+    /// Slots freed so far (turns ended, lent to a human wait, or handed back by a
+    /// cancellation): what the retry hint's release rate counts.
+    slots_freed: u64,
+    release_rate: ReleaseRate,
+    /// How long turns that queued waited before they were admitted.
+    queue_wait: Histogram,
     /// Keyed with foldhash: several lookups per scoped turn make SipHash a third of its
     /// cost; foldhash is seeded per process, so tenants cannot choose colliding ids.
     scopes: HashMap<Arc<str>, ScopeState, foldhash::fast::RandomState>,
@@ -249,6 +292,10 @@ impl<W> GateState<W> {
             cancelled: 0,
             granted_unclaimed: 0,
             peak_in_flight: 0,
+            outside_depth: 0,
+            slots_freed: 0,
+            release_rate: ReleaseRate::default(),
+            queue_wait: Histogram::default(),
             scopes: HashMap::default(),
             unscoped: ScopeState::default(),
             queue: WaitQueue::default(),
@@ -269,6 +316,36 @@ impl<W> GateState<W> {
     fn global_slot_free(&self) -> bool {
         self.limits.max_concurrent_runs == 0
             || self.in_flight < u64::from(self.limits.max_concurrent_runs)
+    }
+
+    /// Slots free under the ceiling (`u64::MAX` without one).
+    fn free_slots(&self) -> u64 {
+        match self.limits.max_concurrent_runs {
+            0 => u64::MAX,
+            max => u64::from(max).saturating_sub(self.in_flight),
+        }
+    }
+
+    /// Takes a waiting record off its lists, settling it as `state`. The caller refreshes
+    /// the lane (after counting any slot, so the scope is not forgotten in between).
+    fn unlink_waiter(&mut self, index: u32, state: WaiterState) -> Option<Arc<str>> {
+        let record = self.queue.get_mut(index);
+        let scope = record.scope.clone();
+        let outside = std::mem::take(&mut record.outside_depth);
+        let lane = lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref());
+        if outside {
+            lane.outside_depth -= 1;
+            self.outside_depth -= 1;
+        }
+        self.queue.unlink(index, &mut lane.lane, state);
+        scope
+    }
+
+    /// How long a caller refused now should wait, from the recent release rate, for
+    /// `ahead` turns in front of it. Reads the caller's clock.
+    fn retry_hint(&mut self, ahead: u64, now: Duration) -> Duration {
+        self.release_rate.observe(now, self.slots_freed);
+        self.release_rate.retry_after(ahead, now, self.slots_freed)
     }
 
     fn scope_below_limit(&self, state: &ScopeState, scoped: bool) -> bool {
@@ -378,9 +455,7 @@ impl<W> GateState<W> {
     }
 
     fn grant(&mut self, index: u32, wakes: &mut Wakes<W>) {
-        let scope = self.queue.get(index).scope.clone();
-        let lane = &mut lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref()).lane;
-        self.queue.unlink(index, lane, WaiterState::Granted);
+        let scope = self.unlink_waiter(index, WaiterState::Granted);
         self.granted_unclaimed += 1;
         // Count the slot before refreshing, so the scope is not forgotten in between.
         self.take_slot(scope.as_deref());
@@ -390,27 +465,31 @@ impl<W> GateState<W> {
         }
     }
 
-    /// Evicts the oldest waiter of `scope`'s lane (or of the whole queue when `None`).
-    fn evict_oldest(&mut self, scope: Option<&str>, wakes: &mut Wakes<W>) -> bool {
+    /// Evicts the oldest waiter of `scope`'s lane (or of the whole queue when `None`). For
+    /// an overflowing newcomer (`in_depth_only`), only a waiter that counts against the depth:
+    /// a turn held back only by soft memory pressure is not part of the queue it overflows
+    /// (there are at most as many of those to skip as free slots).
+    fn evict_oldest(
+        &mut self,
+        scope: Option<&str>,
+        in_depth_only: bool,
+        wakes: &mut Wakes<W>,
+    ) -> bool {
+        let in_depth = |&index: &u32| !in_depth_only || !self.queue.get(index).outside_depth;
         let victim = match scope {
-            None => self.queue.oldest(),
+            None => self.queue.iter_all().find(in_depth),
             Some(name) => self
                 .scopes
                 .get(name)
-                .and_then(|state| self.queue.lane_head(&state.lane)),
+                .and_then(|state| self.queue.iter_lane(&state.lane).find(in_depth)),
         };
         let Some(index) = victim else {
             return false;
         };
-        let victim_scope = self.queue.get(index).scope.clone();
-        let lane = &mut lane_state(
-            &mut self.scopes,
-            &mut self.unscoped,
-            victim_scope.as_deref(),
-        )
-        .lane;
-        self.queue.unlink(index, lane, WaiterState::Shed);
+        let victim_scope = self.unlink_waiter(index, WaiterState::Shed);
         self.refresh_lane(victim_scope.as_deref());
+        // Counted as shed now; moved to `cancelled` if its owner is cancelled before it
+        // sees the eviction (see `cancel`), so the counters say what callers experienced.
         self.shed += 1;
         if let Some(waker) = self.queue.get_mut(index).waker.take() {
             wakes.wake.push(waker);
@@ -421,11 +500,13 @@ impl<W> GateState<W> {
     /// The facts a concurrency policy decides from, for a turn of `scope`.
     pub fn facts(&self, scope: Option<&str>) -> Facts {
         let scope_state = self.tracked(scope).and_then(|name| self.scopes.get(name));
+        // Waiters held back only by soft memory pressure would be running without it: the
+        // depth, and any policy, see the queue without them.
         Facts {
             in_flight: self.in_flight,
-            queued: self.queue.len(),
+            queued: self.queue.len() - self.outside_depth,
             scope_in_flight: scope_state.map_or(0, |s| s.in_flight),
-            scope_queued: scope_state.map_or(0, |s| s.lane.len()),
+            scope_queued: scope_state.map_or(0, |s| s.lane.len() - s.outside_depth),
         }
     }
 
@@ -456,14 +537,18 @@ impl<W> GateState<W> {
         let decision = concurrency.escalate(self.pressure);
         if decision == Decision::Reject {
             self.rejected += 1;
-            let reason = if concurrency != Decision::Reject {
-                Rejection::MemoryPressure
+            return if concurrency != Decision::Reject {
+                Arrival::Rejected(Rejection::MemoryPressure, Some(MEMORY_PRESSURE_RETRY))
             } else if decided.is_some() {
-                Rejection::Policy
+                Arrival::Rejected(Rejection::Policy, None)
             } else {
-                Rejection::QueueFull
+                let ahead = if self.limits.scope_blocked(scope.is_some(), &facts) {
+                    facts.scope_queued
+                } else {
+                    facts.queued
+                };
+                Arrival::Rejected(Rejection::QueueFull, Some(self.retry_hint(ahead, now())))
             };
-            return Arrival::Rejected(reason);
         }
 
         let scope_blocked = self.limits.scope_blocked(scope.is_some(), &facts);
@@ -482,7 +567,14 @@ impl<W> GateState<W> {
             return Arrival::Admitted(key);
         }
 
-        if decision == Decision::Queue {
+        // Soft memory pressure holds back a turn that would run at once without it: it waits
+        // outside the depth, and never more of them than there are free slots, so pressure
+        // alone refuses nobody. Every other turn meets the queue as it would without pressure.
+        let outside_depth = self.pressure == Decision::Queue
+            && concurrency == Decision::Admit
+            && !scope_blocked
+            && self.outside_depth < self.free_slots();
+        if decision == Decision::Queue && !outside_depth {
             // The queue this turn joins: its tenant's own when the tenant is at its limit.
             let (joined, waiting) = if scope_blocked {
                 (scope, facts.scope_queued)
@@ -492,19 +584,28 @@ impl<W> GateState<W> {
             if waiting >= u64::from(self.limits.queue_depth) {
                 let evicts = self.limits.overflow == Overflow::ShedOldest;
                 // A policy that said QUEUE at a full queue chose to wait beyond the depth;
-                // a turn queued only by memory pressure meets the overflow policy instead.
+                // a turn queued by memory pressure meets the overflow policy instead.
                 let refuses =
                     concurrency == Decision::Admit && self.limits.overflow == Overflow::Reject;
-                if (evicts && !self.evict_oldest(joined, wakes)) || refuses {
+                if (evicts && !self.evict_oldest(joined, true, wakes)) || refuses {
                     self.rejected += 1;
-                    return Arrival::Rejected(Rejection::QueueFull);
+                    let retry = self.retry_hint(waiting, now());
+                    return Arrival::Rejected(Rejection::QueueFull, Some(retry));
                 }
             }
         }
 
+        let now = now();
+        self.release_rate.observe(now, self.slots_freed);
         let key = scope.map(|name| self.scope_entry(name));
-        let lane = &mut lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref()).lane;
-        let waiter = self.queue.push(lane, key.clone(), now());
+        let lane = lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref());
+        let waiter = self.queue.push(&mut lane.lane, key.clone(), now);
+        if outside_depth {
+            lane.outside_depth += 1;
+            self.outside_depth += 1;
+            let index = self.queue.resolve(waiter).expect("just pushed");
+            self.queue.get_mut(index).outside_depth = true;
+        }
         self.refresh_lane(key.as_deref());
         self.dispatch(0, wakes);
         Arrival::Queued(waiter)
@@ -522,8 +623,14 @@ impl<W> GateState<W> {
         (Registered::Waiting, record.waker.replace(waker))
     }
 
-    /// Collects a queued turn's outcome.
-    pub fn claim(&mut self, key: WaiterKey, wakes: &mut Wakes<W>) -> Claim {
+    /// Collects a queued turn's outcome. `now` (the caller's clock) is read once the turn
+    /// is settled: how long it waited, or when a shed turn should retry.
+    pub fn claim(
+        &mut self,
+        key: WaiterKey,
+        now: impl FnOnce() -> Duration,
+        wakes: &mut Wakes<W>,
+    ) -> Claim {
         let Some(index) = self.queue.resolve(key) else {
             return Claim::Unknown;
         };
@@ -531,11 +638,16 @@ impl<W> GateState<W> {
         let outcome = match record.state {
             WaiterState::Waiting => return Claim::Waiting,
             WaiterState::Granted => {
+                let now = now();
+                self.queue_wait
+                    .record(now.saturating_sub(record.enqueued_at));
+                let scope = record.scope.clone();
+                self.release_rate.observe(now, self.slots_freed);
                 self.admitted += 1;
                 self.granted_unclaimed -= 1;
-                Claim::Admitted(record.scope.clone())
+                Claim::Admitted(scope)
             }
-            WaiterState::Shed => Claim::Shed,
+            WaiterState::Shed => Claim::Shed(self.retry_hint(self.queue.len(), now())),
         };
         wakes.drop.extend(self.queue.free(index));
         outcome
@@ -551,27 +663,40 @@ impl<W> GateState<W> {
         let scope = record.scope.clone();
         let outcome = match record.state {
             WaiterState::Waiting => {
-                let lane =
-                    &mut lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref()).lane;
                 // Marked shed only to take it off the lists; it is freed just below.
-                self.queue.unlink(index, lane, WaiterState::Shed);
+                self.unlink_waiter(index, WaiterState::Shed);
                 self.refresh_lane(scope.as_deref());
-                self.cancelled += 1;
                 Cancelled::Withdrawn
             }
             WaiterState::Granted => {
-                self.cancelled += 1;
                 self.granted_unclaimed -= 1;
                 Cancelled::ReturnedSlot
             }
-            WaiterState::Shed => Cancelled::AlreadyShed,
+            WaiterState::Shed => {
+                // Its owner was cancelled before it saw the eviction: what it experienced
+                // is a cancellation.
+                self.shed -= 1;
+                Cancelled::AlreadyShed
+            }
         };
+        self.cancelled += 1;
         wakes.drop.extend(self.queue.free(index));
         if outcome == Cancelled::ReturnedSlot {
+            self.slots_freed += 1;
             self.give_slot(scope.as_deref());
             self.dispatch(1, wakes);
         }
         outcome
+    }
+
+    /// Notes the memory pressure a newcomer just read; if it has eased, waiters take the free
+    /// slots. Called before a foreign policy is asked, so it decides from the facts the
+    /// arrival will see ([`GateState::arrive`] does the same for the gate's own policy).
+    pub fn note_pressure(&mut self, resource: Decision, wakes: &mut Wakes<W>) {
+        self.pressure = self.effective_pressure(resource);
+        if self.pressure == Decision::Admit {
+            self.dispatch(0, wakes);
+        }
     }
 
     /// Returns a running turn's slot and hands it on. `resource`, when known, updates the
@@ -585,6 +710,7 @@ impl<W> GateState<W> {
         if let Some(resource) = resource {
             self.pressure = self.effective_pressure(resource);
         }
+        self.slots_freed += 1;
         self.give_slot(scope);
         self.dispatch(1, wakes);
     }
@@ -592,6 +718,7 @@ impl<W> GateState<W> {
     /// A running turn parks on a human approval: its slot is lent to the queue.
     pub fn suspend(&mut self, scope: Option<&str>, wakes: &mut Wakes<W>) {
         self.awaiting_human += 1;
+        self.slots_freed += 1;
         self.give_slot(scope);
         self.dispatch(1, wakes);
     }
@@ -613,7 +740,7 @@ impl<W> GateState<W> {
 
     /// Evicts the oldest live waiter of the whole queue; `false` if nobody waits.
     pub fn shed_oldest_waiter(&mut self, wakes: &mut Wakes<W>) -> bool {
-        self.evict_oldest(None, wakes)
+        self.evict_oldest(None, false, wakes)
     }
 
     /// Forgets every turn and counter (the parent's turns after `fork()` are not the
@@ -647,11 +774,17 @@ impl<W> GateState<W> {
         }
     }
 
+    /// How long turns that queued waited before they were admitted.
+    pub fn queue_wait(&self) -> HistogramSnapshot {
+        self.queue_wait.snapshot()
+    }
+
     /// Recomputes everything that is derived and panics on the first inconsistency.
     /// Used by the unit and model tests after every step.
     pub fn check_invariants(&self) {
         let mut lanes_len = self.unscoped.lane.len();
         let mut scoped_in_flight = 0;
+        let mut outside_total = 0;
         let mut expected_ready = BTreeMap::new();
         let lanes = std::iter::once((None, &self.unscoped))
             .chain(self.scopes.iter().map(|(k, v)| (Some(k), v)));
@@ -673,6 +806,15 @@ impl<W> GateState<W> {
                 assert_eq!(self.queue.get(index).scope.as_deref(), name.map(|n| &**n));
                 assert_eq!(self.queue.get(index).state, WaiterState::Waiting);
             }
+            let outside = members
+                .iter()
+                .filter(|&&i| self.queue.get(i).outside_depth)
+                .count() as u64;
+            assert_eq!(
+                outside, state.outside_depth,
+                "lane {name:?} outside-depth count"
+            );
+            outside_total += outside;
             let lane_ready = members
                 .first()
                 .filter(|_| self.scope_below_limit(state, name.is_some()))
@@ -685,6 +827,7 @@ impl<W> GateState<W> {
             expected_ready.extend(lane_ready);
         }
         assert_eq!(lanes_len, self.queue.len(), "lanes and queue disagree");
+        assert_eq!(outside_total, self.outside_depth, "outside-depth count");
         assert_eq!(self.queue.iter_all().count() as u64, self.queue.len());
         assert_eq!(self.ready, expected_ready, "ready index is stale");
         assert!(scoped_in_flight <= self.in_flight);
@@ -730,6 +873,12 @@ impl<W> Gate<W> {
         self.state.lock().facts(scope)
     }
 
+    /// See [`GateState::note_pressure`].
+    pub fn note_pressure(&self, resource: Decision) -> Wakes<W> {
+        self.with(|state, wakes| state.note_pressure(resource, wakes))
+            .1
+    }
+
     /// See [`GateState::arrive`].
     pub fn arrive(
         &self,
@@ -754,8 +903,13 @@ impl<W> Gate<W> {
     }
 
     /// See [`GateState::claim`].
-    pub fn claim(&self, key: WaiterKey) -> (Claim, Wakes<W>) {
-        self.with(|state, wakes| state.claim(key, wakes))
+    pub fn claim(&self, key: WaiterKey, now: impl FnOnce() -> Duration) -> (Claim, Wakes<W>) {
+        self.with(|state, wakes| state.claim(key, now, wakes))
+    }
+
+    /// See [`GateState::queue_wait`].
+    pub fn queue_wait(&self) -> HistogramSnapshot {
+        self.state.lock().queue_wait()
     }
 
     /// See [`GateState::cancel`].

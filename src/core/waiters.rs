@@ -84,6 +84,8 @@ pub struct Waiter<W> {
     pub seq: u64,
     /// When it joined the queue, on the caller's clock.
     pub enqueued_at: Duration,
+    /// It waits only because of soft memory pressure, outside `queue_depth`.
+    pub outside_depth: bool,
     all: Links,
     lane: Links,
     next_free: u32,
@@ -145,6 +147,7 @@ impl<W> WaitQueue<W> {
             node.scope = scope;
             node.seq = seq;
             node.enqueued_at = now;
+            node.outside_depth = false;
             index
         } else {
             let index = u32::try_from(self.nodes.len()).expect("more than 2**32 waiters");
@@ -157,6 +160,7 @@ impl<W> WaitQueue<W> {
                 scope,
                 seq,
                 enqueued_at: now,
+                outside_depth: false,
                 all: Links::default(),
                 lane: Links::default(),
                 next_free: NIL,
@@ -303,7 +307,7 @@ impl<W> WaitQueue<W> {
         })
     }
 
-    /// Walks a lane in arrival order (tests and invariant checks).
+    /// Walks a lane in arrival order.
     pub fn iter_lane<'a>(&'a self, lane: &Lane) -> impl Iterator<Item = u32> + 'a {
         let mut i = lane.head;
         std::iter::from_fn(move || {

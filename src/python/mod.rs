@@ -1,10 +1,18 @@
 //! The PyO3 binding: converts arguments, maps errors and wraps the core's types. No
 //! admission logic lives here.
 
+mod admission;
 mod args;
+mod awaitables;
 mod errors;
+mod fork;
 mod gate;
+mod human_wait;
 mod policy;
+mod rejection;
+mod resources;
+mod runtime;
+mod wake;
 
 use pyo3::prelude::*;
 
@@ -12,20 +20,35 @@ use pyo3::prelude::*;
 #[pymodule(gil_used = true)]
 mod _admitgate {
     #[pymodule_export]
+    use super::admission::Admission;
+    #[pymodule_export]
+    use super::awaitables::{Ready, Wait};
+    #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]
-    use super::gate::{
-        _invalidate_samplers, _panic_inside_gate, _rejection_class, _reset_after_fork,
-        _resolve_waiter, _set_rejection_class, Admission, HumanWait, HumanWaitFactory,
-        PyAdmissionGate, PyRssSampler, Ready, Wait,
-    };
+    use super::fork::{_invalidate_samplers, _reset_after_fork};
+    #[pymodule_export]
+    use super::gate::{_panic_inside_gate, PyAdmissionGate};
+    #[pymodule_export]
+    use super::human_wait::{HumanWait, HumanWaitFactory};
     #[pymodule_export]
     use super::policy::{PyConcurrencyLimitPolicy, PyMemoryPressurePolicy};
+    #[pymodule_export]
+    use super::rejection::{_rejection_class, _set_rejection_class};
+    #[pymodule_export]
+    use super::resources::PyRssSampler;
+    #[pymodule_export]
+    use super::wake::{_resolve_waiter, LoopMailbox};
 
     use super::*;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add("__version__", env!("CARGO_PKG_VERSION"))
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add(
+            "DURATION_BUCKETS",
+            crate::core::histogram::DURATION_BUCKETS.to_vec(),
+        )?;
+        m.add("MAX_TRANSPORTS", crate::core::transport::MAX_TRANSPORTS)
     }
 }

@@ -32,6 +32,30 @@ pub fn decision_object(py: Python<'_>, decision: Decision) -> PyResult<Py<PyAny>
     Ok(members[index].clone_ref(py))
 }
 
+/// The error for a policy method that answered something other than a decision.
+pub fn not_a_decision(method: &str, answer: &Bound<'_, PyAny>) -> PyErr {
+    pyo3::exceptions::PyTypeError::new_err(format!(
+        "{method}() returned {}, not an AdmissionDecision",
+        answer.repr().map(|r| r.to_string()).unwrap_or_default()
+    ))
+}
+
+/// `(type(obj), args, obj.__dict__ or None)`: what pickle and `copy` rebuild a policy from,
+/// keeping a subclass's own attributes.
+fn reduce<'py>(
+    slf: &Bound<'py, PyAny>,
+    args: Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let state = slf
+        .getattr("__dict__")
+        .ok()
+        .unwrap_or_else(|| slf.py().None().into_bound(slf.py()));
+    PyTuple::new(
+        slf.py(),
+        [slf.get_type().into_any(), args.into_any(), state],
+    )
+}
+
 /// Reads any decision object by its value: an `AdmissionDecision` of either package, a
 /// plain string, or an enum whose `.value` is one of them. `None` for anything else.
 pub fn decision_from(value: &Bound<'_, PyAny>) -> Option<Decision> {
@@ -46,7 +70,13 @@ pub fn decision_from(value: &Bound<'_, PyAny>) -> Option<Decision> {
 /// Config-driven concurrency policy: a ceiling, a bounded wait queue, an overflow rule and
 /// an optional per-scope (per-tenant) sub-limit. Decides exactly as PraisonAI's
 /// `ConcurrencyLimitPolicy` does.
-#[pyclass(frozen, module = "admitgate", name = "ConcurrencyLimitPolicy")]
+#[pyclass(
+    frozen,
+    subclass,
+    weakref,
+    module = "admitgate",
+    name = "ConcurrencyLimitPolicy"
+)]
 pub struct PyConcurrencyLimitPolicy {
     pub limit: ConcurrencyLimit,
 }
@@ -80,32 +110,32 @@ impl PyConcurrencyLimitPolicy {
 
     /// Ceiling on concurrent runs; 0 disables admission control.
     #[getter]
-    fn max_concurrent_runs(&self) -> u32 {
-        self.limit.max_concurrent_runs
+    fn max_concurrent_runs(&self) -> PyResult<u32> {
+        guard(|| Ok(self.limit.max_concurrent_runs))
     }
 
     /// Turns that may wait before the overflow policy applies.
     #[getter]
-    fn queue_depth(&self) -> u32 {
-        self.limit.queue_depth
+    fn queue_depth(&self) -> PyResult<u32> {
+        guard(|| Ok(self.limit.queue_depth))
     }
 
     /// `"reject"`, `"queue"` or `"shed_oldest"`.
     #[getter]
-    fn overflow_policy(&self) -> &'static str {
-        self.limit.overflow.as_str()
+    fn overflow_policy(&self) -> PyResult<&'static str> {
+        guard(|| Ok(self.limit.overflow.as_str()))
     }
 
     /// Per-scope sub-limit within the ceiling; 0 disables it.
     #[getter]
-    fn max_concurrent_runs_per_scope(&self) -> u32 {
-        self.limit.max_per_scope
+    fn max_concurrent_runs_per_scope(&self) -> PyResult<u32> {
+        guard(|| Ok(self.limit.max_per_scope))
     }
 
     /// Whether a ceiling is set.
     #[getter]
-    fn enabled(&self) -> bool {
-        self.limit.enabled()
+    fn enabled(&self) -> PyResult<bool> {
+        guard(|| Ok(self.limit.enabled()))
     }
 
     /// Decides for one turn from the live facts.
@@ -153,6 +183,18 @@ impl PyConcurrencyLimitPolicy {
         })
     }
 
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let l = slf.get().limit;
+        let args = (
+            l.max_concurrent_runs,
+            l.queue_depth,
+            l.overflow.as_str(),
+            l.max_per_scope,
+        )
+            .into_pyobject(slf.py())?;
+        reduce(slf.as_any(), args)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "ConcurrencyLimitPolicy(max_concurrent_runs={}, queue_depth={}, overflow_policy={:?}, max_concurrent_runs_per_scope={})",
@@ -165,7 +207,13 @@ impl PyConcurrencyLimitPolicy {
 }
 
 /// The soft/hard RSS ladder: below soft admit, soft..hard queue, at or over hard reject.
-#[pyclass(frozen, module = "admitgate", name = "MemoryPressurePolicy")]
+#[pyclass(
+    frozen,
+    subclass,
+    weakref,
+    module = "admitgate",
+    name = "MemoryPressurePolicy"
+)]
 pub struct PyMemoryPressurePolicy {
     pub ladder: MemoryPressure,
 }
@@ -211,20 +259,20 @@ impl PyMemoryPressurePolicy {
 
     /// Soft (queue) threshold in MiB; 0.0 when unset.
     #[getter]
-    fn soft_rss_mb(&self) -> f64 {
-        self.ladder.soft_rss_mb
+    fn soft_rss_mb(&self) -> PyResult<f64> {
+        guard(|| Ok(self.ladder.soft_rss_mb))
     }
 
     /// Hard (reject) threshold in MiB; 0.0 when unset.
     #[getter]
-    fn hard_rss_mb(&self) -> f64 {
-        self.ladder.hard_rss_mb
+    fn hard_rss_mb(&self) -> PyResult<f64> {
+        guard(|| Ok(self.ladder.hard_rss_mb))
     }
 
     /// Whether any threshold is set.
     #[getter]
-    fn enabled(&self) -> bool {
-        self.ladder.enabled()
+    fn enabled(&self) -> PyResult<bool> {
+        guard(|| Ok(self.ladder.enabled()))
     }
 
     /// Decides for one sample (any object with an `rss_mb` attribute; `None` admits).
@@ -233,6 +281,12 @@ impl PyMemoryPressurePolicy {
             let rss = rss_of(sample)?;
             decision_object(py, self.ladder.evaluate(rss))
         })
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let ladder = slf.get().ladder;
+        let args = (ladder.soft_rss_mb, ladder.hard_rss_mb).into_pyobject(slf.py())?;
+        reduce(slf.as_any(), args)
     }
 
     fn __repr__(&self) -> String {

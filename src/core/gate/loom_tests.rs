@@ -90,7 +90,7 @@ fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) 
     wakes.run();
     let slot = match arrival {
         Arrival::Admitted(key) => TurnSlot::new(key),
-        Arrival::Rejected(_) => return End::Rejected,
+        Arrival::Rejected(..) => return End::Rejected,
         Arrival::Queued(key) => {
             let flag = Flag::new();
             let (registered, _) = g.register(key, flag.clone());
@@ -105,11 +105,11 @@ fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) 
             if registered == Registered::Waiting {
                 flag.wait();
             }
-            let (claim, wakes) = g.claim(key);
+            let (claim, wakes) = g.claim(key, || Duration::ZERO);
             wakes.run();
             match claim {
                 Claim::Admitted(key) => TurnSlot::new(key),
-                Claim::Shed => return End::Shed,
+                Claim::Shed(_) => return End::Shed,
                 other => panic!("woken but {other:?}"),
             }
         }
@@ -203,7 +203,7 @@ fn loom_release_races_cancel_of_granted_waiter() {
         ));
         // Whatever the order, the slot reached k2.
         assert_eq!(f2.woken(), 1);
-        let (claim, _) = g.claim(k2);
+        let (claim, _) = g.claim(k2, || Duration::ZERO);
         assert_eq!(claim, Claim::Admitted(None));
         let s = g.stats(|| Duration::ZERO);
         assert_eq!(
@@ -235,28 +235,28 @@ fn loom_shed_oldest_eviction_races_release() {
         };
         releaser.join().unwrap();
         // The victim either got the released slot or was evicted: never both, never neither.
-        let (claim, wakes) = g.claim(victim);
+        let (claim, wakes) = g.claim(victim, || Duration::ZERO);
         wakes.run();
         let victim_end = match claim {
             Claim::Admitted(key) => {
                 TurnSlot::new(key).close(&g, None).run();
                 End::Ran
             }
-            Claim::Shed => End::Shed,
+            Claim::Shed(_) => End::Shed,
             Claim::Waiting => {
                 // The newcomer ran first and holds the slot; the victim is next.
                 let flag = Flag::new();
                 if g.register(victim, flag.clone()).0 == Registered::Waiting {
                     flag.wait();
                 }
-                let (c, wakes) = g.claim(victim);
+                let (c, wakes) = g.claim(victim, || Duration::ZERO);
                 wakes.run();
                 match c {
                     Claim::Admitted(key) => {
                         TurnSlot::new(key).close(&g, None).run();
                         End::Ran
                     }
-                    Claim::Shed => End::Shed,
+                    Claim::Shed(_) => End::Shed,
                     other => panic!("{other:?}"),
                 }
             }

@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::retry::{MEMORY_PRESSURE_RETRY, RETRY_MIN};
+
 use super::*;
 use crate::core::policy::ConcurrencyLimit;
 
@@ -58,7 +60,7 @@ fn queue(g: &Gate<Counter>, scope: &str) -> (WaiterKey, Counter) {
 }
 
 fn claim(g: &Gate<Counter>, key: WaiterKey) -> Claim {
-    let (claim, wakes) = g.claim(key);
+    let (claim, wakes) = g.claim(key, || T0);
     wakes.run();
     g.check_invariants();
     claim
@@ -82,7 +84,7 @@ fn ceiling_queue_and_fifo_handoff() {
     let (k2, w2) = queue(&g, "");
     assert_eq!(
         arrive(&g, "", Decision::Admit),
-        Arrival::Rejected(Rejection::QueueFull)
+        Arrival::Rejected(Rejection::QueueFull, Some(RETRY_MIN))
     );
     let s = stats(&g);
     assert_eq!(
@@ -133,7 +135,7 @@ fn shed_oldest_evicts_the_oldest_live_waiter() {
     let (k2, _) = queue(&g, "");
     let (k3, _) = queue(&g, "");
     assert_eq!(w1.woken(), 1, "the evicted waiter is woken");
-    assert_eq!(claim(&g, k1), Claim::Shed);
+    assert!(matches!(claim(&g, k1), Claim::Shed(_)));
     let s = stats(&g);
     assert_eq!((s.queued, s.shed, s.rejected), (2, 1, 0));
     close(&g, &a);
@@ -147,7 +149,7 @@ fn shed_oldest_with_nobody_to_evict_rejects() {
     let _a = admit(&g, "");
     assert_eq!(
         arrive(&g, "", Decision::Admit),
-        Arrival::Rejected(Rejection::QueueFull)
+        Arrival::Rejected(Rejection::QueueFull, Some(RETRY_MIN))
     );
     assert_eq!(stats(&g).shed, 0);
 }
@@ -212,7 +214,7 @@ fn shed_oldest_evicts_within_the_full_tenant_lane() {
     let _a = admit(&g, "a");
     let (a1, _) = queue(&g, "a");
     let (a2, _) = queue(&g, "a"); // evicts a1, not the globally oldest o1
-    assert_eq!(claim(&g, a1), Claim::Shed);
+    assert!(matches!(claim(&g, a1), Claim::Shed(_)));
     assert_eq!(claim(&g, o1), Claim::Waiting);
     assert_eq!(claim(&g, a2), Claim::Waiting);
 }
@@ -305,22 +307,58 @@ fn soft_pressure_queues_while_anything_runs() {
 }
 
 #[test]
-fn soft_pressure_at_a_full_queue_meets_the_overflow_policy() {
-    let g = gate(4, 1, "reject", 0);
+fn soft_pressure_holds_back_turns_outside_the_depth() {
+    // Ceiling 4, one running, soft pressure: the three turns that would run at once without
+    // pressure wait outside the depth (even with depth 0), the fourth meets the queue as it
+    // would without pressure.
+    let g = gate(4, 0, "reject", 0);
     let _a = admit(&g, "");
-    queue_with(&g, Decision::Queue);
-    assert_eq!(
+    for _ in 0..3 {
+        queue_with(&g, Decision::Queue);
+    }
+    assert_eq!(stats(&g).queued, 3);
+    assert!(matches!(
         arrive(&g, "", Decision::Queue),
-        Arrival::Rejected(Rejection::QueueFull)
+        Arrival::Rejected(Rejection::QueueFull, Some(_))
+    ));
+    // Depth 2: four arrivals, none refused while three slots are free.
+    let d = gate(4, 2, "reject", 0);
+    let _b = admit(&d, "");
+    for _ in 0..4 {
+        queue_with(&d, Decision::Queue);
+    }
+    assert_eq!(
+        d.facts(None).queued,
+        1,
+        "only the fourth counts against the depth"
     );
-    let s = gate(4, 1, "shed_oldest", 0);
+    queue_with(&d, Decision::Queue);
+    assert!(matches!(
+        arrive(&d, "", Decision::Queue),
+        Arrival::Rejected(Rejection::QueueFull, Some(_))
+    ));
+    // Pressure eases: the held-back turns take the free slots in order, and the newcomer
+    // meets a full queue of the two that were queued normally.
+    assert!(matches!(
+        arrive(&d, "", Decision::Admit),
+        Arrival::Rejected(Rejection::QueueFull, Some(_))
+    ));
+    let st = stats(&d);
+    assert_eq!((st.in_flight, st.queued, st.granted_unclaimed), (4, 2, 3));
+}
+
+#[test]
+fn soft_pressure_shed_oldest_evicts_only_turns_in_the_depth() {
+    let s = gate(2, 1, "shed_oldest", 0);
     let _b = admit(&s, "");
+    let held_back = queue_with(&s, Decision::Queue);
     let victim = queue_with(&s, Decision::Queue);
     assert!(matches!(
         arrive(&s, "", Decision::Queue),
         Arrival::Queued(_)
     ));
-    assert_eq!(claim(&s, victim), Claim::Shed);
+    assert!(matches!(claim(&s, victim), Claim::Shed(_)));
+    assert_eq!(claim(&s, held_back), Claim::Waiting);
 }
 
 fn queue_with(g: &Gate<Counter>, resource: Decision) -> WaiterKey {
@@ -335,7 +373,7 @@ fn hard_pressure_rejects_and_no_ceiling_soft_admits() {
     let g = gate(4, 8, "queue", 0);
     assert_eq!(
         arrive(&g, "", Decision::Reject),
-        Arrival::Rejected(Rejection::MemoryPressure)
+        Arrival::Rejected(Rejection::MemoryPressure, Some(MEMORY_PRESSURE_RETRY))
     );
     let resource_only = gate(0, 0, "reject", 0);
     assert!(matches!(
@@ -348,7 +386,7 @@ fn hard_pressure_rejects_and_no_ceiling_soft_admits() {
     ));
     assert_eq!(
         arrive(&resource_only, "", Decision::Reject),
-        Arrival::Rejected(Rejection::MemoryPressure)
+        Arrival::Rejected(Rejection::MemoryPressure, Some(MEMORY_PRESSURE_RETRY))
     );
 }
 
@@ -362,7 +400,7 @@ fn foreign_decisions_are_made_real() {
     assert!(matches!(said_admit, Arrival::Queued(_)));
     // A policy that says reject is obeyed, with its own reason.
     let (said_reject, _) = g.arrive(None, Some(Decision::Reject), Decision::Admit, || T0);
-    assert_eq!(said_reject, Arrival::Rejected(Rejection::Policy));
+    assert_eq!(said_reject, Arrival::Rejected(Rejection::Policy, None));
     // A policy that says queue while a slot is free runs at once.
     let free = gate(2, 0, "reject", 0);
     let (said_queue, _) = free.arrive(None, Some(Decision::Queue), Decision::Admit, || T0);
@@ -505,7 +543,7 @@ fn random_walk_keeps_every_invariant() {
                     match arrival {
                         Arrival::Admitted(key) => running.push(TurnSlot::new(key)),
                         Arrival::Queued(key) => waiting.push(key),
-                        Arrival::Rejected(_) => {}
+                        Arrival::Rejected(..) => {}
                     }
                 }
                 2 if !running.is_empty() => {
@@ -518,13 +556,13 @@ fn random_walk_keeps_every_invariant() {
                 }
                 4 if !waiting.is_empty() => {
                     let i = next(waiting.len() as u64) as usize;
-                    match g.claim(waiting[i]) {
+                    match g.claim(waiting[i], || T0) {
                         (Claim::Admitted(key), wakes) => {
                             wakes.run();
                             waiting.swap_remove(i);
                             running.push(TurnSlot::new(key));
                         }
-                        (Claim::Shed, _) => {
+                        (Claim::Shed(_), _) => {
                             waiting.swap_remove(i);
                         }
                         _ => {}

@@ -1,0 +1,394 @@
+//! Memory-aware admission in the binding: which resource policy and sampler a gate consults,
+//! and the built-in RSS sampler class.
+//!
+//! The common configurations (none, or admitgate's own `MemoryPressurePolicy` with the
+//! built-in sampler) are decided entirely in Rust from a mode read without a lock. Anything
+//! else (a custom policy or sampler) calls into Python: the configuration is an immutable
+//! snapshot behind a lock that is held only to copy or swap the snapshot's `Arc`, never
+//! while Python runs, so a policy property that releases the GIL cannot deadlock a thread
+//! replacing the sampler.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::errors::guard;
+use super::fork::register_sampler;
+use super::policy::{decision_from, not_a_decision, rss_of, PyMemoryPressurePolicy};
+use super::runtime::{log, now};
+use crate::core::rss::RssSampler;
+use crate::core::{Decision, MemoryPressure};
+
+/// Which resource policy the gate consults.
+enum ResourcePolicy {
+    None,
+    /// admitgate's own `MemoryPressurePolicy`: evaluated in Rust.
+    Native(MemoryPressure),
+    /// Any object with `evaluate(sample)` (and optionally `enabled`).
+    Foreign(Py<PyAny>),
+}
+
+/// Where samples come from.
+enum Sampler {
+    None,
+    Builtin(Py<PyRssSampler>),
+    /// Any object with `read()` returning something with `rss_mb`.
+    Foreign(Py<PyAny>),
+}
+
+/// No memory-aware admission.
+const MODE_OFF: u8 = 0;
+/// admitgate's `MemoryPressurePolicy` read through the built-in sampler: all in Rust.
+const MODE_NATIVE: u8 = 1;
+/// Anything else: consult the snapshot (and Python) on every decision.
+const MODE_DYNAMIC: u8 = 2;
+
+/// One immutable resource configuration.
+struct Resources {
+    policy: ResourcePolicy,
+    policy_object: Option<Py<PyAny>>,
+    sampler: Sampler,
+}
+
+impl Resources {
+    const NONE: Resources = Resources {
+        policy: ResourcePolicy::None,
+        policy_object: None,
+        sampler: Sampler::None,
+    };
+}
+
+/// A gate's memory-aware admission.
+pub struct ResourceGate {
+    /// Which path applies, readable without a lock.
+    mode: AtomicU8,
+    /// admitgate's own ladder and the built-in sampler, for [`MODE_NATIVE`].
+    native: Option<(MemoryPressure, Arc<RssSampler>)>,
+    config: Mutex<Arc<Resources>>,
+    warned: AtomicBool,
+}
+
+fn sampler_from(sampler: Bound<'_, PyAny>) -> PyResult<Sampler> {
+    if let Ok(builtin) = sampler.cast::<PyRssSampler>() {
+        return Ok(Sampler::Builtin(builtin.clone().unbind()));
+    }
+    if !sampler.hasattr("read")? {
+        return Err(PyTypeError::new_err(format!(
+            "resource_sampler must have a read() method, got {}",
+            sampler.repr()?
+        )));
+    }
+    Ok(Sampler::Foreign(sampler.unbind()))
+}
+
+impl ResourceGate {
+    /// The resource side of a gate built with `resource_policy` and `resource_sampler`.
+    pub fn new(
+        py: Python<'_>,
+        resource_policy: Option<Bound<'_, PyAny>>,
+        resource_sampler: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let policy = match &resource_policy {
+            None => ResourcePolicy::None,
+            Some(rp) => match rp.cast::<PyMemoryPressurePolicy>() {
+                // Exactly ours (a subclass may override evaluate in Python).
+                Ok(ours) if rp.get_type().is(py.get_type::<PyMemoryPressurePolicy>()) => {
+                    ResourcePolicy::Native(ours.get().ladder)
+                }
+                _ => {
+                    if !rp.hasattr("evaluate")? {
+                        return Err(PyTypeError::new_err(format!(
+                            "resource_policy must have an evaluate(sample) method, got {}",
+                            rp.repr()?
+                        )));
+                    }
+                    ResourcePolicy::Foreign(rp.clone().unbind())
+                }
+            },
+        };
+        let sampler = match (resource_sampler, &resource_policy) {
+            (Some(s), _) => sampler_from(s)?,
+            (None, Some(_)) => Sampler::Builtin(Py::new(py, PyRssSampler::new())?),
+            (None, None) => Sampler::None,
+        };
+        let native = match (&policy, &sampler) {
+            (ResourcePolicy::Native(ladder), Sampler::Builtin(builtin)) => {
+                Some((*ladder, builtin.get().sampler.clone()))
+            }
+            _ => None,
+        };
+        let resources = Resources {
+            policy,
+            policy_object: resource_policy.map(Bound::unbind),
+            sampler,
+        };
+        let gate = Self {
+            mode: AtomicU8::new(MODE_OFF),
+            native,
+            config: Mutex::new(Arc::new(Resources::NONE)),
+            warned: AtomicBool::new(false),
+        };
+        gate.install(resources);
+        Ok(gate)
+    }
+
+    /// The current configuration (the lock is held only to clone the `Arc`).
+    fn snapshot(&self) -> Arc<Resources> {
+        self.config.lock().clone()
+    }
+
+    /// Replaces the configuration; the previous one is dropped after the lock is released.
+    fn install(&self, resources: Resources) {
+        let mode = match (&resources.policy, &resources.sampler) {
+            (ResourcePolicy::None, _) | (_, Sampler::None) => MODE_OFF,
+            (ResourcePolicy::Native(ladder), _) if !ladder.enabled() => MODE_OFF,
+            (ResourcePolicy::Native(_), Sampler::Builtin(sampler)) => match &self.native {
+                Some((_, ours)) if Arc::ptr_eq(ours, &sampler.get().sampler) => MODE_NATIVE,
+                _ => MODE_DYNAMIC,
+            },
+            _ => MODE_DYNAMIC,
+        };
+        let previous = {
+            let mut config = self.config.lock();
+            self.mode.store(mode, Ordering::Relaxed);
+            std::mem::replace(&mut *config, Arc::new(resources))
+        };
+        drop(previous);
+    }
+
+    /// Whether memory-aware admission is on. A custom policy's `enabled` is asked each time.
+    pub fn enabled(&self, py: Python<'_>) -> bool {
+        match self.mode.load(Ordering::Relaxed) {
+            MODE_OFF => false,
+            MODE_NATIVE => true,
+            _ => Self::dynamic_enabled(py, &self.snapshot()),
+        }
+    }
+
+    fn dynamic_enabled(py: Python<'_>, resources: &Resources) -> bool {
+        if matches!(resources.sampler, Sampler::None) {
+            return false;
+        }
+        match &resources.policy {
+            ResourcePolicy::None => false,
+            ResourcePolicy::Native(ladder) => ladder.enabled(),
+            ResourcePolicy::Foreign(policy) => {
+                match policy.bind(py).getattr(pyo3::intern!(py, "enabled")) {
+                    Ok(enabled) => enabled.is_truthy().unwrap_or(true),
+                    Err(_) => true,
+                }
+            }
+        }
+    }
+
+    /// The memory-pressure decision for one turn. Never fails: a broken sampler or policy
+    /// is logged once and admits, as the reference does (the concurrency ceiling still holds).
+    pub fn decision(&self, py: Python<'_>) -> Decision {
+        match self.mode.load(Ordering::Relaxed) {
+            MODE_OFF => return Decision::Admit,
+            MODE_NATIVE => {
+                if let Some((ladder, sampler)) = &self.native {
+                    return ladder.evaluate(read_builtin(py, sampler));
+                }
+            }
+            _ => {}
+        }
+        let resources = self.snapshot();
+        if !Self::dynamic_enabled(py, &resources) {
+            return Decision::Admit;
+        }
+        let read = || -> PyResult<Bound<'_, PyAny>> {
+            match &resources.sampler {
+                Sampler::Builtin(builtin) => {
+                    resource_sample(py, read_builtin(py, &builtin.get().sampler))
+                }
+                Sampler::Foreign(foreign) => {
+                    foreign.bind(py).call_method0(pyo3::intern!(py, "read"))
+                }
+                Sampler::None => resource_sample(py, None),
+            }
+        };
+        let outcome = (|| -> PyResult<Decision> {
+            match (&resources.policy, &resources.sampler) {
+                (ResourcePolicy::Native(ladder), Sampler::Builtin(builtin)) => {
+                    Ok(ladder.evaluate(read_builtin(py, &builtin.get().sampler)))
+                }
+                (ResourcePolicy::Native(ladder), _) => Ok(ladder.evaluate(rss_of(&read()?)?)),
+                (ResourcePolicy::Foreign(policy), _) => {
+                    let answer = policy
+                        .bind(py)
+                        .call_method1(pyo3::intern!(py, "evaluate"), (read()?,))?;
+                    decision_from(&answer).ok_or_else(|| not_a_decision("evaluate", &answer))
+                }
+                (ResourcePolicy::None, _) => Ok(Decision::Admit),
+            }
+        })();
+        outcome.unwrap_or_else(|err| {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                log(
+                    py,
+                    "warning",
+                    format!("AdmissionGate: resource policy failed ({err}); admitting"),
+                );
+            }
+            Decision::Admit
+        })
+    }
+
+    /// The hard threshold the policy reports (`hard_rss_mb`), or 0.0.
+    pub fn max_rss_mb(&self, py: Python<'_>) -> f64 {
+        let resources = self.snapshot();
+        match &resources.policy_object {
+            Some(p) => p
+                .bind(py)
+                .getattr("hard_rss_mb")
+                .ok()
+                .filter(|v| v.is_truthy().unwrap_or(false))
+                .and_then(|v| v.extract::<f64>().ok())
+                .unwrap_or(0.0),
+            None => 0.0,
+        }
+    }
+
+    /// The policy object the gate was built with.
+    pub fn policy_object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.snapshot()
+            .policy_object
+            .as_ref()
+            .map(|p| p.clone_ref(py))
+    }
+
+    /// The sampler consulted on every decision.
+    pub fn sampler_object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        match &self.snapshot().sampler {
+            Sampler::None => None,
+            Sampler::Builtin(s) => Some(s.clone_ref(py).into_any()),
+            Sampler::Foreign(s) => Some(s.clone_ref(py)),
+        }
+    }
+
+    /// Replaces the sampler; `None` removes it.
+    pub fn set_sampler(&self, py: Python<'_>, sampler: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let sampler = match sampler {
+            None => Sampler::None,
+            Some(s) => sampler_from(s)?,
+        };
+        let current = self.snapshot();
+        let policy = match &current.policy {
+            ResourcePolicy::None => ResourcePolicy::None,
+            ResourcePolicy::Native(ladder) => ResourcePolicy::Native(*ladder),
+            ResourcePolicy::Foreign(p) => ResourcePolicy::Foreign(p.clone_ref(py)),
+        };
+        let policy_object = current.policy_object.as_ref().map(|p| p.clone_ref(py));
+        self.install(Resources {
+            policy,
+            policy_object,
+            sampler,
+        });
+        Ok(())
+    }
+
+    /// Visits the Python objects of the configuration (for the garbage collector).
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(config) = self.config.try_lock() else {
+            return Ok(());
+        };
+        if let ResourcePolicy::Foreign(p) = &config.policy {
+            visit.call(p)?;
+        }
+        if let Some(p) = &config.policy_object {
+            visit.call(p)?;
+        }
+        match &config.sampler {
+            Sampler::Builtin(s) => visit.call(s)?,
+            Sampler::Foreign(s) => visit.call(s)?,
+            Sampler::None => {}
+        }
+        Ok(())
+    }
+
+    /// Drops the configuration's Python objects (the collector breaking a cycle).
+    pub fn clear(&self) {
+        let previous = {
+            let mut config = self.config.lock();
+            self.mode.store(MODE_OFF, Ordering::Relaxed);
+            std::mem::replace(&mut *config, Arc::new(Resources::NONE))
+        };
+        drop(previous);
+    }
+}
+
+static RESOURCE_SAMPLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// RSS in MiB (or `None`) from the built-in sampler, warning once when sampling turns out to
+/// be unavailable.
+fn read_builtin(py: Python<'_>, sampler: &RssSampler) -> Option<f64> {
+    let reading = sampler.read(now());
+    if reading.just_disabled {
+        log(
+            py,
+            "warning",
+            "AdmissionGate: resource sampling unavailable on this platform; memory-pressure admission disabled.".into(),
+        );
+    }
+    reading.rss_mb
+}
+
+/// A `ResourceSample(rss_mb=...)`.
+fn resource_sample(py: Python<'_>, rss_mb: Option<f64>) -> PyResult<Bound<'_, PyAny>> {
+    let cls = RESOURCE_SAMPLE.import(py, "admitgate._types", "ResourceSample")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("rss_mb", rss_mb)?;
+    cls.call((), Some(&kwargs))
+}
+
+/// The built-in RSS sampler: live RSS, falling back to peak RSS, cached for 5 ms.
+#[pyclass(frozen, weakref, module = "admitgate", name = "RssSampler")]
+pub struct PyRssSampler {
+    sampler: Arc<RssSampler>,
+}
+
+impl PyRssSampler {
+    fn new() -> Self {
+        let sampler = Arc::new(RssSampler::default());
+        register_sampler(&sampler);
+        Self { sampler }
+    }
+}
+
+#[pymethods]
+impl PyRssSampler {
+    #[new]
+    fn py_new() -> Self {
+        Self::new()
+    }
+
+    /// A `ResourceSample` of the process's RSS (`rss_mb=None` when unavailable).
+    fn read<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        guard(|| resource_sample(py, read_builtin(py, &self.sampler)))
+    }
+
+    /// How stale a reading may be, in seconds.
+    #[getter]
+    fn interval_seconds(&self) -> PyResult<f64> {
+        guard(|| Ok(self.sampler.interval().as_secs_f64()))
+    }
+
+    /// `"live"`, `"peak"` or `"unavailable"`.
+    #[getter]
+    fn source(&self) -> PyResult<&'static str> {
+        guard(|| {
+            Ok(match self.sampler.source() {
+                crate::core::rss::RssSource::Live => "live",
+                crate::core::rss::RssSource::Peak => "peak",
+                crate::core::rss::RssSource::Unavailable => "unavailable",
+            })
+        })
+    }
+}

@@ -1,0 +1,288 @@
+//! Waking a queued turn: every waiter is an asyncio future on its own event loop.
+//!
+//! Whoever frees a slot resolves the waiter's future after the core's lock is released:
+//! directly on the loop's own thread, and from any other thread through the loop's
+//! [`LoopMailbox`] (one `call_soon_threadsafe` per burst). A loop can close between a check
+//! and a call: both are handled, and a turn whose loop is gone is withdrawn so its slot goes
+//! to the next waiter. Turns woken on a loop that then closes without running them are
+//! withdrawn by a periodic sweep ([`Core::sweep_closed_loops`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::errors::guard;
+use super::runtime::{log, now};
+use crate::core::transport::Transports;
+use crate::core::{ConcurrencyLimit, Gate, WaiterKey, Waker, Wakes};
+
+/// The core plus what the binding must remember about waiters it has woken.
+pub struct Core {
+    gate: Gate<PyWaker>,
+    /// Waiters whose wake-up has been handed to their event loop but who have not yet
+    /// claimed their outcome, with that loop. A loop stopped and then closed discards the
+    /// callbacks it had not run; the turns it woke would keep their slots forever, so
+    /// arrivals that find no slot free sweep this map (at most every [`SWEEP_INTERVAL`])
+    /// and withdraw the turns of closed loops.
+    in_transit: Mutex<HashMap<WaiterKey, Py<PyAny>, foldhash::fast::RandomState>>,
+    /// When the last sweep ran, in nanoseconds on [`now`].
+    last_sweep: AtomicU64,
+    /// Whether the closed-loop warning was logged (once per gate, not once per waiter).
+    warned_closed_loop: AtomicBool,
+    /// Bumped when a forked child empties the gate: slots of turns entered before (the
+    /// parent's) must not be returned to the child's counts.
+    epoch: AtomicU64,
+    /// Per-transport counters (what callers of each front door experienced).
+    pub transports: Transports,
+}
+
+/// How often arrivals that find no free slot look for turns stranded on closed loops.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
+
+impl std::ops::Deref for Core {
+    type Target = Gate<PyWaker>;
+
+    fn deref(&self) -> &Gate<PyWaker> {
+        &self.gate
+    }
+}
+
+impl Core {
+    /// A core enforcing `limits`.
+    pub fn new(limits: ConcurrencyLimit) -> Self {
+        Self {
+            gate: Gate::new(limits),
+            in_transit: Mutex::new(HashMap::default()),
+            last_sweep: AtomicU64::new(0),
+            warned_closed_loop: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            transports: Transports::default(),
+        }
+    }
+
+    /// The gate's epoch (see the field).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Empties the gate in a freshly forked child: the parent's turns are not the child's.
+    pub fn reset_after_fork(&self) {
+        // Dropped, not woken: the futures belong to the parent's event loops.
+        drop(self.gate.reset());
+        drop(std::mem::take(&mut *self.in_transit.lock()));
+        self.transports.reset();
+        self.last_sweep.store(0, Ordering::Relaxed);
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The turn's wake-up reached it (or it withdrew): the sweep need not watch it.
+    pub fn delivered(&self, key: WaiterKey) {
+        self.in_transit.lock().remove(&key);
+    }
+
+    /// Withdraws woken turns whose event loop has closed, handing their slots on. Runs at
+    /// most once per [`SWEEP_INTERVAL`]; each distinct loop is asked once.
+    pub fn sweep_closed_loops(&self, py: Python<'_>) {
+        let now_ns = now().as_nanos() as u64;
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(last) < SWEEP_INTERVAL.as_nanos() as u64
+            || self
+                .last_sweep
+                .compare_exchange(last, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let pending: Vec<(WaiterKey, Py<PyAny>)> = self
+            .in_transit
+            .lock()
+            .iter()
+            .map(|(key, event_loop)| (*key, event_loop.clone_ref(py)))
+            .collect();
+        // Each distinct loop is asked once; an error reads as open (withdraw nobody by mistake).
+        let mut verdicts: Vec<(Py<PyAny>, bool)> = Vec::new();
+        for (key, event_loop) in pending {
+            let closed = match verdicts.iter().find(|(l, _)| l.is(&event_loop)) {
+                Some((_, closed)) => *closed,
+                None => {
+                    let closed = loop_is_closed(event_loop.bind(py)).unwrap_or(false);
+                    verdicts.push((event_loop, closed));
+                    closed
+                }
+            };
+            if closed {
+                self.delivered(key);
+                self.gate.cancel(key).1.run();
+            }
+        }
+    }
+}
+
+pub fn loop_is_closed(event_loop: &Bound<'_, PyAny>) -> PyResult<bool> {
+    event_loop
+        .call_method0(pyo3::intern!(event_loop.py(), "is_closed"))?
+        .is_truthy()
+}
+
+/// Resolves a waiter's future on its own loop (scheduled with `call_soon_threadsafe`).
+#[pyfunction]
+pub fn _resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
+    guard(|| resolve_waiter(fut))
+}
+
+pub fn resolve_waiter(fut: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = fut.py();
+    // A cancelled future is left alone: its owner's cancellation hands the slot on.
+    if !fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
+        fut.call_method1(pyo3::intern!(py, "set_result"), (true,))?;
+    }
+    Ok(())
+}
+
+/// Wake-ups posted to one event loop from other threads. The first post of a batch
+/// schedules one `call_soon_threadsafe` of the mailbox; later posts ride along until it
+/// runs, so a burst of releases on other threads costs the loop one self-pipe write, not
+/// one per waiter. Invariant: while the list is non-empty a delivery is scheduled.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct LoopMailbox {
+    futs: Mutex<Vec<Py<PyAny>>>,
+}
+
+#[pymethods]
+impl LoopMailbox {
+    /// Resolves every future posted since the last delivery (runs on the loop, in order).
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+        guard(|| {
+            let futs = std::mem::take(&mut *self.futs.lock());
+            for fut in futs {
+                // A future already cancelled is skipped: its owner's cancellation hands on.
+                let _ = _resolve_waiter(fut.bind(py));
+            }
+            Ok(())
+        })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // Never block inside the collector: a mailbox being filled is skipped this time.
+        if let Some(futs) = self.futs.try_lock() {
+            for fut in futs.iter() {
+                visit.call(fut)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The mailbox of `event_loop`, kept on the loop itself; `None` for a loop that takes no
+/// attributes (then each wake-up is its own `call_soon_threadsafe`). Called on the loop's
+/// own thread, so two mailboxes are never made for one loop.
+pub fn mailbox_for(event_loop: &Bound<'_, PyAny>) -> Option<Py<LoopMailbox>> {
+    let py = event_loop.py();
+    let name = pyo3::intern!(py, "_admitgate_mailbox");
+    if let Ok(existing) = event_loop.getattr(name) {
+        if let Ok(mailbox) = existing.cast_into::<LoopMailbox>() {
+            return Some(mailbox.unbind());
+        }
+    }
+    let mailbox = Py::new(
+        py,
+        LoopMailbox {
+            futs: Mutex::new(Vec::new()),
+        },
+    )
+    .ok()?;
+    event_loop.setattr(name, &mailbox).ok()?;
+    Some(mailbox)
+}
+
+/// Wakes one waiting turn by resolving its future on its own event loop.
+pub struct PyWaker {
+    pub fut: Py<PyAny>,
+    pub event_loop: Py<PyAny>,
+    pub mailbox: Option<Py<LoopMailbox>>,
+    /// The thread that runs the loop (the one that created the future).
+    pub loop_thread: std::thread::ThreadId,
+    pub key: WaiterKey,
+    pub core: Arc<Core>,
+}
+
+impl PyWaker {
+    fn wake_on_loop(&self, py: Python<'_>) -> PyResult<bool> {
+        let fut = self.fut.bind(py);
+        let event_loop = self.event_loop.bind(py);
+        if std::thread::current().id() == self.loop_thread {
+            // The loop's own thread: resolve directly (it schedules the task's wake-up on
+            // the loop; a closed loop refuses, which is reported as failure).
+            return Ok(resolve_waiter(fut).is_ok());
+        }
+        if let Some(mailbox) = &self.mailbox {
+            let first = {
+                let mut futs = mailbox.get().futs.lock();
+                futs.push(self.fut.clone_ref(py));
+                futs.len() == 1
+            };
+            if !first {
+                return Ok(true); // a delivery is already scheduled
+            }
+            if self.schedule(py, mailbox.bind(py).as_any()) {
+                return Ok(true);
+            }
+            // The loop is gone. Turns whose wake-ups rode on this delivery are recovered by
+            // the closed-loop sweep; this one is withdrawn by our caller.
+            mailbox.get().futs.lock().clear();
+            return Ok(false);
+        }
+        let resolve = pyo3::wrap_pyfunction!(_resolve_waiter, py)?;
+        Ok(self.loop_open(py)
+            && event_loop
+                .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (resolve, fut))
+                .is_ok())
+    }
+
+    fn loop_open(&self, py: Python<'_>) -> bool {
+        !loop_is_closed(self.event_loop.bind(py)).unwrap_or(true)
+    }
+
+    /// `loop.call_soon_threadsafe(callback)`; false if the loop is closed. The loop can
+    /// close between the check and the call: both are handled.
+    fn schedule(&self, py: Python<'_>, callback: &Bound<'_, PyAny>) -> bool {
+        self.loop_open(py)
+            && self
+                .event_loop
+                .bind(py)
+                .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (callback,))
+                .is_ok()
+    }
+}
+
+impl Waker for PyWaker {
+    fn wake(self) -> Wakes<Self> {
+        Python::attach(|py| {
+            // Recorded before the wake-up can run, so the turn's claim always finds (and
+            // removes) the record.
+            self.core
+                .in_transit
+                .lock()
+                .insert(self.key, self.event_loop.clone_ref(py));
+            if self.wake_on_loop(py).unwrap_or(false) {
+                return Wakes::default();
+            }
+            // Nobody can run this turn any more (its loop is gone): withdraw it, which
+            // hands the slot it was just given to the next waiter.
+            self.core.delivered(self.key);
+            if !self.core.warned_closed_loop.swap(true, Ordering::Relaxed) {
+                log(
+                    py,
+                    "warning",
+                    "AdmissionGate: turns were waiting on an event loop that closed; their slots go to the next waiters".into(),
+                );
+            }
+            self.core.cancel(self.key).1
+        })
+    }
+}
