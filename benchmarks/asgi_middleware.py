@@ -14,7 +14,9 @@ middleware, then the other order, ...):
 
 It prints medians over the repetitions, the throughput ratio (middleware / bare) and the
 latency the middleware adds per request. Last, it times the middleware in-process (ASGI
-calls with no server or network) to give its CPU cost per request directly.
+calls with no server or network) to give its CPU cost per request directly, split into the
+gate's own calls (the native ``admit`` / ``record_request``, timed alone) and the rest, the
+middleware's Python.
 
 Kinds of request: ``jsonrpc``, a small ``SendMessage`` POSTed to ``/`` (gated: body peeked
 and parsed, slot taken and returned); ``rest``, ``POST /message:send`` (gated);
@@ -96,14 +98,13 @@ def serve(variant: str, fd: int) -> None:
     import uvicorn
 
     app = trivial_app if variant == "bare" else gated_app()
-    uvicorn.run(
-        app,
-        fd=fd,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        loop="asyncio",
+    # socket(fileno=) keeps the socket's family (AF_INET), so asyncio sets TCP_NODELAY on each
+    # connection; uvicorn's own fd= would wrap it as AF_UNIX and Nagle would add ~40 ms.
+    sock = socket.socket(fileno=fd)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", loop="asyncio"
     )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 class Server:
@@ -196,8 +197,12 @@ async def latency(url: str, kind: str, count: int) -> float:
     return statistics.median(samples)
 
 
-def in_process(kind: str, calls: int) -> tuple[float, float]:
-    """Mean seconds per ASGI call of the bare app and of the middleware, no server."""
+def in_process(kind: str, calls: int) -> tuple[float, float, float]:
+    """Mean seconds per request, in-process: the bare app, the app behind the middleware, and
+    the gate calls the middleware makes for that request alone (``admit`` in and out plus
+    ``record_request`` when gated, ``record_request`` otherwise)."""
+    import admitgate
+
     method, path, body = KINDS[kind]
     scope = {
         "type": "http",
@@ -212,6 +217,7 @@ def in_process(kind: str, calls: int) -> tuple[float, float]:
         "headers": [(b"content-type", b"application/json")],
     }
     request = {"type": "http.request", "body": body or b"", "more_body": False}
+    gated = kind != "passthrough"
 
     async def receive() -> dict[str, Any]:
         return request
@@ -227,15 +233,29 @@ def in_process(kind: str, calls: int) -> tuple[float, float]:
             await app(dict(scope), receive, send)
         return (time.perf_counter() - t0) / calls
 
-    async def both() -> tuple[float, float]:
-        gated = gated_app()
-        bare_runs, gated_runs = [], []
-        for _ in range(5):
-            bare_runs.append(await timed(trivial_app))
-            gated_runs.append(await timed(gated))
-        return statistics.median(bare_runs), statistics.median(gated_runs)
+    async def gate_only(gate: Any) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            if gated:
+                admission = gate.admit(session_id="", transport=kind)
+                await admission.__aenter__()
+                await admission.__aexit__(None, None, None)
+            gate.record_request(kind if gated else "passthrough", 0.0001)
+        return (time.perf_counter() - t0) / calls
 
-    return asyncio.run(both())
+    async def all_three() -> tuple[float, float, float]:
+        middleware = gated_app()
+        gate = admitgate.build_admission_gate(max_concurrent_runs=100_000)
+        runs: list[tuple[float, float, float]] = []
+        for _ in range(5):
+            runs.append((await timed(trivial_app), await timed(middleware), await gate_only(gate)))
+        return (
+            statistics.median(r[0] for r in runs),
+            statistics.median(r[1] for r in runs),
+            statistics.median(r[2] for r in runs),
+        )
+
+    return asyncio.run(all_three())
 
 
 def main() -> None:
@@ -297,11 +317,18 @@ def main() -> None:
 
     print()
     print("in-process (ASGI calls, no server, no network): microseconds per request")
-    print(f"{'request':<12} {'bare':>8} {'mw':>8} {'added':>8}")
+    print(
+        f"{'request':<12} {'bare':>8} {'mw':>8} {'added':>8} "
+        f"{'of which gate':>14} {'middleware itself':>18}"
+    )
     calls = 5_000 if args.quick else 50_000
     for kind in kinds:
-        bare, gated = in_process(kind, calls)
-        print(f"{kind:<12} {bare * 1e6:>8.2f} {gated * 1e6:>8.2f} {(gated - bare) * 1e6:>8.2f}")
+        bare, gated, gate = in_process(kind, calls)
+        added = gated - bare
+        print(
+            f"{kind:<12} {bare * 1e6:>8.2f} {gated * 1e6:>8.2f} {added * 1e6:>8.2f} "
+            f"{gate * 1e6:>14.2f} {(added - gate) * 1e6:>18.2f}"
+        )
 
 
 if __name__ == "__main__":

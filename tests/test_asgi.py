@@ -38,10 +38,13 @@ from admitgate.asgi import (
     ERROR_DOMAIN,
     JSONRPC_REJECTED_CODE,
     AdmissionMiddleware,
+    _parse,
     _scan_head,
 )
 from admitgate.client import RetryingTransport
 from conftest import run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # -- fixtures ---------------------------------------------------------------------------------
 
@@ -120,6 +123,7 @@ async def started(env: types.SimpleNamespace, *keys: str) -> None:
 
 
 def check_retry_after(response: httpx.Response, expected: int | None = None) -> int:
+    assert response.headers["admitgate-reason"]
     value = response.headers["retry-after"]
     assert value.isdigit(), value
     seconds = int(value)
@@ -233,6 +237,35 @@ def test_scan_head_reads_only_the_top_level() -> None:
     assert _scan_head(b"[1, 2]") == (None, None)
     assert _scan_head(b'{"a": [1, {"b": "]}"}], "id": "z", ') == (None, "z")
     assert _scan_head(b'{"a": "\\"id\\": 1", "id": null, "method": "m"}') == ("m", None)
+
+
+def _loads_or_none(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(
+    value=_JSON_VALUES,
+    encoding=st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32-be"]),
+    before=st.sampled_from(["", " ", "\n\t"]),
+    after=st.binary(max_size=4) | st.sampled_from([b"", b" \r\n", b"\x0b", b"\xa0", b"}"]),
+)
+@settings(max_examples=300, deadline=None)
+def test_parse_agrees_with_json_loads(value: Any, encoding: str, before: str, after: bytes) -> None:
+    """The middleware decides gating on what it parses: it must parse exactly as the SDK."""
+    body = (before + json.dumps({"method": value, "id": value})).encode(encoding) + after
+    assert json.dumps(_parse(body)) == json.dumps(_loads_or_none(body))
+    for cut in (1, 2, len(body) // 2):
+        assert json.dumps(_parse(body[:cut])) == json.dumps(_loads_or_none(body[:cut]))
 
 
 # -- argument validation ----------------------------------------------------------------------
@@ -753,12 +786,14 @@ def test_memory_pressure_is_503_and_policy_has_no_retry_after(env: Any, front: A
             assert response.status_code == 503
             check_retry_after(response)
             assert response.json()["error"]["data"]["reason"] == "memory_pressure"
+            assert response.headers["admitgate-reason"] == "memory_pressure"
             response = await c.post("/message:send", json=send_params("echo"))
             assert response.status_code == 503
             assert response.json()["error"]["status"] == "UNAVAILABLE"
             front(picky)
             response = await c.post("/", json=jsonrpc("SendMessage", send_params("echo"), 4))
             assert response.status_code == 429 and "retry-after" not in response.headers
+            assert response.headers["admitgate-reason"] == "policy"
             assert response.json()["error"]["data"] == {"reason": "policy", "retryAfter": None}
             response = await c.post("/message:send", json=send_params("echo"))
             assert response.status_code == 429 and "retry-after" not in response.headers

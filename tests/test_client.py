@@ -82,6 +82,8 @@ class Scripted:
                 retry_after = formatdate(time.time() + 1, usegmt=True)
             if retry_after is not None:
                 headers.append((b"retry-after", retry_after.encode()))
+            if "reason" in query:
+                headers.append((b"admitgate-reason", query["reason"].encode()))
             status = int(query.get("status", "429"))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": content})
@@ -151,12 +153,12 @@ def test_the_retry_after_delay_is_waited(server: ServerThread) -> None:
         t = transport()
         response = await call(t, "GET", url(server, refuse=1, ra="date"))
         assert response.json()["attempts"] == 2 and t.retries == 1
-        # Without Retry-After: the backoff.
-        t = transport(backoff_s=0.05)
-        started = time.monotonic()
-        response = await call(t, "GET", url(server, refuse=2))
-        assert response.json()["attempts"] == 3
-        assert time.monotonic() - started >= 0.15  # 0.05 + 0.1
+        # Without Retry-After there is no hint: the refusal is returned as is.
+        t = transport()
+        response = await call(t, "GET", url(server, refuse=1))
+        assert response.status_code == 429 and t.retries == 0
+        response = await call(t, "GET", url(server, refuse=1, ra="soon"))
+        assert response.status_code == 429 and t.retries == 0
 
     run(main(), timeout=10)
 
@@ -181,6 +183,10 @@ def test_a_post_is_retried_only_when_admitgate_refused_it(server: ServerThread) 
             # The body was sent again, whole.
             assert result["size"] == len(sent)
             assert result["sha256"] == hashlib.sha256(sent).hexdigest()
+        # The admitgate-reason header alone marks a refusal (no body read).
+        t = transport()
+        response = await call(t, "POST", url(server, refuse=1, ra=0, reason="shed"), content=sent)
+        assert response.status_code == 200 and t.retries == 1
         for marker in ("", "other"):
             t = transport()
             response = await call(
@@ -263,7 +269,7 @@ def test_arguments_are_validated() -> None:
         ("deadline_s", -1),
         ("jitter", -0.5),
         ("jitter", 11),
-        ("backoff_s", "1"),
+        ("jitter", "1"),
     ):
         with pytest.raises(ValueError, match=name):
             RetryingTransport(**{name: bad})

@@ -37,8 +37,9 @@ A gated request holds its slot until its response body has been sent in full (an
 the whole stream) or the client disconnects, whichever comes first; a request still queued
 when its client disconnects leaves the queue. A refused request never reaches the app: it gets
 the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
-seconds (rounded up; omitted when there is no hint, i.e. for ``policy``) and a body the A2A
-SDK's client understands: for JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
+seconds (rounded up; omitted when there is no hint, i.e. for ``policy``), an
+``admitgate-reason`` header with the reason (as the gRPC front door's trailer) and a body the
+A2A SDK's client understands: for JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
 :data:`JSONRPC_REJECTED_CODE` (-32029), for REST the SDK's REST error shape
 (``google.rpc.Status`` with ``ErrorInfo`` of domain :data:`ERROR_DOMAIN` and ``RetryInfo``).
 
@@ -325,7 +326,12 @@ def _parse(body: bytes) -> object:
         # json.loads(bytes) detects UTF-16/32 from the first two bytes; a body starting with
         # "{" and a non-NUL byte is UTF-8 to it, so decoding here is the same, minus the probe.
         if body[:1] == b"{" and body[1:2] not in (b"\x00", b""):
-            return _DECODER.decode(body.decode("utf-8", "surrogatepass"))
+            text = body.decode("utf-8", "surrogatepass")
+            value, end = _DECODER.raw_decode(text)
+            # As json.loads: only JSON whitespace may follow the value.
+            if end != len(text) and text[end:].lstrip(" \t\n\r"):
+                return None
+            return value
         return json.loads(body)
     except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
         return None
@@ -645,6 +651,7 @@ class AdmissionMiddleware:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
+            (b"admitgate-reason", reason.encode()),
         ]
         if seconds is not None:
             headers.append((b"retry-after", str(seconds).encode()))

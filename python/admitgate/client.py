@@ -11,25 +11,25 @@ asked for::
     http = httpx.AsyncClient(transport=RetryingTransport(), timeout=30)
     client = await create_client(url, client_config=ClientConfig(httpx_client=http))
 
-A 429 or 503 is retried only when sending the request again is safe:
+A 429 or 503 is retried only when it says when (``Retry-After``, in seconds or as an HTTP
+date; a refusal without a hint is returned as is), when its body can be sent again (no body,
+or bytes: not a streaming upload), and when sending the request again is safe:
 
 - its method is idempotent (``GET``, ``HEAD``, ``OPTIONS``, ``PUT``, ``DELETE``, ``TRACE``);
 - or the response is a refusal by :class:`admitgate.asgi.AdmissionMiddleware`, which never
   lets a refused request reach the agent, so even an A2A ``SendMessage`` is safe to repeat.
-  It is recognised by its body: a JSON-RPC error with code
-  :data:`admitgate.asgi.JSONRPC_REJECTED_CODE` (-32029), or a REST error whose
-  ``google.rpc.ErrorInfo`` has domain :data:`admitgate.asgi.ERROR_DOMAIN` (``"admitgate"``).
-  Only small bodies (a ``Content-Length`` of at most 16 KiB) are inspected.
-
-and only when its body can be sent again (no body, or bytes: not a streaming upload).
+  It is recognised by its ``admitgate-reason`` header or, should a proxy drop that, by its
+  body: a JSON-RPC error with code :data:`admitgate.asgi.JSONRPC_REJECTED_CODE` (-32029), or
+  a REST error whose ``google.rpc.ErrorInfo`` has domain :data:`admitgate.asgi.ERROR_DOMAIN`
+  (``"admitgate"``). Only small bodies (a ``Content-Length`` of at most 16 KiB) are read.
 
 Three limits keep retries from becoming a storm: ``max_retries`` per request, a
 ``deadline_s`` after the first attempt past which no retry starts (a delay that would end
 later is not waited for: the refusal is returned at once), and a retry budget shared by all
 requests through the transport (``retry_budget`` retries per request on average, with a
 reserve of ``budget_reserve`` for quiet periods), so a saturated server sees at most that
-much extra traffic. The delay is the response's ``Retry-After`` (seconds or an HTTP date),
-or ``backoff_s * 2**n`` without one, stretched by a random factor in ``[1, 1 + jitter]``.
+much extra traffic. The delay is the response's ``Retry-After``, stretched by a random factor
+in ``[1, 1 + jitter]`` (never shortened).
 """
 
 from __future__ import annotations
@@ -124,8 +124,6 @@ class RetryingTransport(httpx.AsyncBaseTransport):
         deadline_s: no retry starts later than this many seconds after the first attempt.
         jitter: each delay is multiplied by a random factor in ``[1, 1 + jitter]``, so
             clients refused together do not come back together.
-        backoff_s: the first delay when the refusal carries no ``Retry-After`` (doubled on
-            each retry).
 
     Raises:
         TypeError: ``wrapped`` is not an ``httpx.AsyncBaseTransport``.
@@ -141,7 +139,6 @@ class RetryingTransport(httpx.AsyncBaseTransport):
         budget_reserve: int = 10,
         deadline_s: float = 30.0,
         jitter: float = 0.2,
-        backoff_s: float = 1.0,
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, httpx.AsyncBaseTransport):
             raise TypeError(f"wrapped must be None or an httpx.AsyncBaseTransport, got {wrapped!r}")
@@ -157,7 +154,6 @@ class RetryingTransport(httpx.AsyncBaseTransport):
             raise ValueError(f"budget_reserve must be an integer >= 0, got {budget_reserve!r}")
         self._deadline = _number("deadline_s", deadline_s, low=0.0)
         self._jitter = _number("jitter", jitter, low=0.0, high=10.0)
-        self._backoff = _number("backoff_s", backoff_s, low=0.0)
         self._wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
         self._max_retries = max_retries
         self._ratio = retry_budget
@@ -179,13 +175,14 @@ class RetryingTransport(httpx.AsyncBaseTransport):
                 return response
             if not isinstance(request.stream, httpx.ByteStream):
                 return response  # a streaming upload cannot be sent again
-            if request.method not in _IDEMPOTENT:
+            hint = _retry_after(response)
+            if hint is None:
+                return response
+            if request.method not in _IDEMPOTENT and "admitgate-reason" not in response.headers:
                 response, refusal = await self._inspect(request, response)
                 if not refusal:
                     return response
-            hint = _retry_after(response)
-            delay = self._backoff * 2**attempt if hint is None else hint
-            delay *= 1.0 + self._random.uniform(0.0, self._jitter)
+            delay = hint * (1.0 + self._random.uniform(0.0, self._jitter))
             if time.monotonic() + delay - started > self._deadline:
                 return response
             if self._ratio is not None:
