@@ -86,7 +86,7 @@ def gated_app() -> Any:
     import admitgate
     from admitgate.asgi import AdmissionMiddleware
 
-    gate = admitgate.build_admission_gate(max_concurrent_runs=100_000)
+    gate = admitgate.AdmissionGate(admitgate.ConcurrencyLimitPolicy(max_concurrent_runs=100_000))
     return AdmissionMiddleware(trivial_app, gate)
 
 
@@ -245,7 +245,9 @@ def in_process(kind: str, calls: int) -> tuple[float, float, float]:
 
     async def all_three() -> tuple[float, float, float]:
         middleware = gated_app()
-        gate = admitgate.build_admission_gate(max_concurrent_runs=100_000)
+        gate = admitgate.AdmissionGate(
+            admitgate.ConcurrencyLimitPolicy(max_concurrent_runs=100_000)
+        )
         runs: list[tuple[float, float, float]] = []
         for _ in range(5):
             runs.append((await timed(trivial_app), await timed(middleware), await gate_only(gate)))
