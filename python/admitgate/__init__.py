@@ -26,6 +26,7 @@ from ._admitgate import (
     RssSampler,
 )
 from ._builders import build_admission_gate, build_memory_pressure_policy
+from ._drain import DrainReport
 from ._errors import REJECTION_REASONS, AdmissionRejected
 from ._types import ResourceSample
 
@@ -39,6 +40,7 @@ __all__ = [
     "AdmissionGate",
     "AdmissionRejected",
     "ConcurrencyLimitPolicy",
+    "DrainReport",
     "InternalError",
     "MemoryPressurePolicy",
     "ResourceSample",

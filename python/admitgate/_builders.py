@@ -32,6 +32,7 @@ def build_admission_gate(
     policy: Any = None,
     resource_policy: Any = None,
     max_concurrent_runs_per_scope: Any = 0,
+    queue_timeout_s: Any = None,
 ) -> AdmissionGate | None:
     """Build an :class:`AdmissionGate` from configuration, or return ``None``.
 
@@ -39,6 +40,8 @@ def build_admission_gate(
     0 and no ``resource_policy`` is given; a resource-only gate when only a
     ``resource_policy`` is. Every argument is validated even when the ceiling is 0, so a
     misconfiguration fails at start-up instead of silently removing protection.
+    ``queue_timeout_s`` (seconds, or ``None``) refuses a turn that has waited that long
+    with reason ``timeout``.
     """
     if policy is None:
         candidate = ConcurrencyLimitPolicy(
@@ -48,6 +51,7 @@ def build_admission_gate(
             max_concurrent_runs_per_scope=(
                 0 if _unset(max_concurrent_runs_per_scope) else max_concurrent_runs_per_scope
             ),
+            queue_timeout_s=queue_timeout_s,
         )
         if candidate.max_concurrent_runs == 0:
             if resource_policy is not None:

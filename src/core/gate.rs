@@ -166,8 +166,9 @@ pub enum Arrival {
 pub enum Claim {
     /// A slot was granted; the turn now holds it and counts as admitted.
     Admitted(Option<Arc<str>>),
-    /// The turn was evicted by `shed_oldest`; retry after the hint.
-    Shed(Duration),
+    /// The turn was refused while it waited (evicted by `shed_oldest`, timed out, or the
+    /// gate closed), with its retry hint.
+    Refused(Rejection, Option<Duration>),
     /// Still waiting.
     Waiting,
     /// The key names no record (already claimed or withdrawn).
@@ -192,8 +193,9 @@ pub enum Cancelled {
     Withdrawn,
     /// The turn had been granted a slot; the slot went to the next waiter.
     ReturnedSlot,
-    /// The turn had been shed; nothing more to do.
-    AlreadyShed,
+    /// The turn had been refused (shed, timed out, closed) without seeing it; it now counts
+    /// as cancelled instead.
+    AlreadyRefused,
     /// The key names no record.
     Unknown,
 }
@@ -250,6 +252,8 @@ pub struct GateState<W> {
     peak_in_flight: u64,
     /// Waiters queued by soft memory pressure alone, outside `queue_depth` (see `arrive`).
     outside_depth: u64,
+    /// The gate is closing (drained): every newcomer is refused.
+    closing: bool,
     /// Slots freed so far (turns ended, lent to a human wait, or handed back by a
     /// cancellation): what the retry hint's release rate counts.
     slots_freed: u64,
@@ -293,6 +297,7 @@ impl<W> GateState<W> {
             granted_unclaimed: 0,
             peak_in_flight: 0,
             outside_depth: 0,
+            closing: false,
             slots_freed: 0,
             release_rate: ReleaseRate::default(),
             queue_wait: Histogram::default(),
@@ -486,7 +491,7 @@ impl<W> GateState<W> {
         let Some(index) = victim else {
             return false;
         };
-        let victim_scope = self.unlink_waiter(index, WaiterState::Shed);
+        let victim_scope = self.unlink_waiter(index, WaiterState::Refused(Rejection::Shed));
         self.refresh_lane(victim_scope.as_deref());
         // Counted as shed now; moved to `cancelled` if its owner is cancelled before it
         // sees the eviction (see `cancel`), so the counters say what callers experienced.
@@ -527,6 +532,10 @@ impl<W> GateState<W> {
         wakes: &mut Wakes<W>,
     ) -> Arrival {
         let scope = self.tracked(scope);
+        if self.closing {
+            self.rejected += 1;
+            return Arrival::Rejected(Rejection::Closing, None);
+        }
         self.pressure = self.effective_pressure(resource);
         if self.pressure == Decision::Admit {
             // Pressure may just have eased: waiters take the free slots before the newcomer.
@@ -647,7 +656,13 @@ impl<W> GateState<W> {
                 self.granted_unclaimed -= 1;
                 Claim::Admitted(scope)
             }
-            WaiterState::Shed => Claim::Shed(self.retry_hint(self.queue.len(), now())),
+            WaiterState::Refused(reason) => {
+                let retry = match reason {
+                    Rejection::Closing => None,
+                    _ => Some(self.retry_hint(self.queue.len(), now())),
+                };
+                Claim::Refused(reason, retry)
+            }
         };
         wakes.drop.extend(self.queue.free(index));
         outcome
@@ -663,8 +678,8 @@ impl<W> GateState<W> {
         let scope = record.scope.clone();
         let outcome = match record.state {
             WaiterState::Waiting => {
-                // Marked shed only to take it off the lists; it is freed just below.
-                self.unlink_waiter(index, WaiterState::Shed);
+                // Marked refused only to take it off the lists; it is freed just below.
+                self.unlink_waiter(index, WaiterState::Refused(Rejection::Shed));
                 self.refresh_lane(scope.as_deref());
                 Cancelled::Withdrawn
             }
@@ -672,11 +687,15 @@ impl<W> GateState<W> {
                 self.granted_unclaimed -= 1;
                 Cancelled::ReturnedSlot
             }
-            WaiterState::Shed => {
-                // Its owner was cancelled before it saw the eviction: what it experienced
-                // is a cancellation.
-                self.shed -= 1;
-                Cancelled::AlreadyShed
+            WaiterState::Refused(reason) => {
+                // Its owner was cancelled before it saw the refusal: what it experienced is a
+                // cancellation.
+                if reason == Rejection::Shed {
+                    self.shed -= 1;
+                } else {
+                    self.rejected -= 1;
+                }
+                Cancelled::AlreadyRefused
             }
         };
         self.cancelled += 1;
@@ -687,6 +706,127 @@ impl<W> GateState<W> {
             self.dispatch(1, wakes);
         }
         outcome
+    }
+
+    /// Refuses a waiting turn for `reason` (counted in `rejected`) and wakes it; `false` if
+    /// it was no longer waiting (granted, refused or withdrawn first: exactly one wins).
+    fn refuse_waiter(&mut self, index: u32, reason: Rejection, wakes: &mut Wakes<W>) {
+        let scope = self.unlink_waiter(index, WaiterState::Refused(reason));
+        self.refresh_lane(scope.as_deref());
+        self.rejected += 1;
+        if let Some(waker) = self.queue.get_mut(index).waker.take() {
+            wakes.wake.push(waker);
+        }
+    }
+
+    /// A waiting turn's queue timeout ran out: it is refused with [`Rejection::Timeout`].
+    /// `false` when it had already been granted a slot, refused or withdrawn, so a turn is
+    /// either granted or timed out, never both.
+    pub fn expire(&mut self, key: WaiterKey, wakes: &mut Wakes<W>) -> bool {
+        match self.queue.resolve(key) {
+            Some(index) if self.queue.get(index).state == WaiterState::Waiting => {
+                self.refuse_waiter(index, Rejection::Timeout, wakes);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Stops admitting: newcomers are refused with [`Rejection::Closing`], and so is every
+    /// waiting turn, at once. Running turns (and turns already granted a slot) are left to
+    /// finish. Returns how many waiters were refused. A closed gate stays closed.
+    pub fn close(&mut self, wakes: &mut Wakes<W>) -> u64 {
+        self.closing = true;
+        let waiting: Vec<u32> = self.queue.iter_all().collect();
+        for &index in &waiting {
+            self.refuse_waiter(index, Rejection::Closing, wakes);
+        }
+        waiting.len() as u64
+    }
+
+    /// Whether [`GateState::close`] was called.
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Turns still running: holding a slot (granted ones included) or parked on a human.
+    pub fn running(&self) -> u64 {
+        self.in_flight + self.awaiting_human
+    }
+
+    /// Applies new limits (validated by the caller). Running turns are never cancelled: a
+    /// lower ceiling is reached as they end. A higher ceiling starts waiters at once. Each
+    /// lane (each tenant's, and the untenanted one) keeps at most the new depth of waiters
+    /// that count against it; the newest past it are refused with [`Rejection::QueueFull`],
+    /// except under the `queue` overflow policy, which refuses nobody. Returns how many
+    /// waiters were refused.
+    pub fn reconfigure(&mut self, limits: ConcurrencyLimit, wakes: &mut Wakes<W>) -> u64 {
+        self.limits = limits;
+        let mut refused = 0;
+        if limits.overflow != Overflow::Queue {
+            let depth = u64::from(limits.queue_depth);
+            let lanes: Vec<Option<Arc<str>>> = std::iter::once(None)
+                .chain(self.scopes.keys().cloned().map(Some))
+                .collect();
+            for scope in lanes {
+                loop {
+                    let Some(state) = (match &scope {
+                        None => Some(&self.unscoped),
+                        Some(name) => self.scopes.get(name),
+                    }) else {
+                        break;
+                    };
+                    if state.lane.len() - state.outside_depth <= depth {
+                        break;
+                    }
+                    // The newest waiter that counts against the depth.
+                    let mut victim = self.queue.lane_tail(&state.lane);
+                    while let Some(index) = victim.filter(|&i| self.queue.get(i).outside_depth) {
+                        victim = self.queue.lane_prev(index);
+                    }
+                    let Some(index) = victim else { break };
+                    self.refuse_waiter(index, Rejection::QueueFull, wakes);
+                    refused += 1;
+                }
+            }
+        }
+        // Per-scope limits may have changed which lanes are eligible.
+        let scopes: Vec<Arc<str>> = self.scopes.keys().cloned().collect();
+        for scope in scopes {
+            self.refresh_lane(Some(&scope));
+        }
+        self.refresh_lane(None);
+        self.dispatch(0, wakes);
+        refused
+    }
+
+    /// How many turns would start before the waiting turn `key` (waiters that arrived
+    /// before it, and turns granted a slot that have not started yet); `None` when it is not
+    /// waiting. Walks the queue up to the turn, so it is computed only on request.
+    pub fn position(&self, key: WaiterKey) -> Option<u64> {
+        let index = self.queue.resolve(key)?;
+        if self.queue.get(index).state != WaiterState::Waiting {
+            return None;
+        }
+        let ahead = self.queue.iter_all().take_while(|&i| i != index).count() as u64;
+        Some(ahead + self.granted_unclaimed)
+    }
+
+    /// Seconds until a turn with `position` turns ahead of it may start, at the recent
+    /// release rate, unclamped (the estimator behind retry hints). `None` before the gate has
+    /// any history.
+    pub fn estimate_wait(&mut self, position: u64, now: Duration) -> Option<Duration> {
+        self.release_rate.observe(now, self.slots_freed);
+        self.release_rate.estimate(position, now, self.slots_freed)
+    }
+
+    /// Per tenant with turns running or waiting: `(tenant, in flight, queued)`. Empty when
+    /// per-tenant limits are off (turns are then not tracked per tenant).
+    pub fn scope_stats(&self) -> Vec<(Arc<str>, u64, u64)> {
+        self.scopes
+            .iter()
+            .map(|(name, state)| (name.clone(), state.in_flight, state.lane.len()))
+            .collect()
     }
 
     /// Notes the memory pressure a newcomer just read; if it has eased, waiters take the free
@@ -871,6 +1011,49 @@ impl<W> Gate<W> {
     /// See [`GateState::facts`].
     pub fn facts(&self, scope: Option<&str>) -> Facts {
         self.state.lock().facts(scope)
+    }
+
+    /// See [`GateState::expire`].
+    pub fn expire(&self, key: WaiterKey) -> (bool, Wakes<W>) {
+        self.with(|state, wakes| state.expire(key, wakes))
+    }
+
+    /// See [`GateState::close`].
+    pub fn close(&self) -> (u64, Wakes<W>) {
+        self.with(|state, wakes| state.close(wakes))
+    }
+
+    /// See [`GateState::reconfigure`].
+    pub fn reconfigure(&self, limits: ConcurrencyLimit) -> (u64, Wakes<W>) {
+        self.with(|state, wakes| state.reconfigure(limits, wakes))
+    }
+
+    /// See [`GateState::running`] and [`GateState::is_closing`].
+    pub fn running(&self) -> (u64, bool) {
+        let state = self.state.lock();
+        (state.running(), state.is_closing())
+    }
+
+    /// See [`GateState::position`] and [`GateState::estimate_wait`].
+    pub fn place_in_line(
+        &self,
+        key: WaiterKey,
+        now: impl FnOnce() -> Duration,
+    ) -> Option<(u64, Option<Duration>)> {
+        let mut state = self.state.lock();
+        let position = state.position(key)?;
+        let estimate = state.estimate_wait(position, now());
+        Some((position, estimate))
+    }
+
+    /// See [`GateState::scope_stats`].
+    pub fn scope_stats(&self) -> Vec<(Arc<str>, u64, u64)> {
+        self.state.lock().scope_stats()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> ConcurrencyLimit {
+        *self.state.lock().limits()
     }
 
     /// See [`GateState::note_pressure`].

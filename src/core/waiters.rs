@@ -13,6 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::gate::Rejection;
+
 const NIL: u32 = u32::MAX;
 
 /// Names one waiter record; stale keys are detected by their generation.
@@ -29,8 +31,9 @@ pub enum WaiterState {
     Waiting,
     /// Handed a run slot (counted in flight); the owner has not claimed it yet.
     Granted,
-    /// Evicted by `shed_oldest`; the owner has not seen it yet.
-    Shed,
+    /// Refused while it waited (evicted by `shed_oldest`, timed out, or the gate closed);
+    /// the owner has not seen it yet.
+    Refused(Rejection),
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -307,6 +310,17 @@ impl<W> WaitQueue<W> {
         })
     }
 
+    /// The waiter before `index` in its lane.
+    pub fn lane_prev(&self, index: u32) -> Option<u32> {
+        let prev = self.nodes[index as usize].lane.prev;
+        (prev != NIL).then_some(prev)
+    }
+
+    /// The newest waiter of a lane.
+    pub fn lane_tail(&self, lane: &Lane) -> Option<u32> {
+        (lane.tail != NIL).then_some(lane.tail)
+    }
+
     /// Walks a lane in arrival order.
     pub fn iter_lane<'a>(&'a self, lane: &Lane) -> impl Iterator<Item = u32> + 'a {
         let mut i = lane.head;
@@ -347,7 +361,7 @@ mod tests {
         assert_eq!(q.resolve(k1), None, "a stale key stays stale after reuse");
         assert_eq!(q.iter_lane(&b).collect::<Vec<_>>(), vec![1, 0]);
         let i3 = q.resolve(k3).unwrap();
-        q.unlink(i3, &mut a, WaiterState::Shed);
+        q.unlink(i3, &mut a, WaiterState::Refused(Rejection::Shed));
         assert!(a.is_empty());
         assert_eq!(q.iter_all().collect::<Vec<_>>(), vec![1, 0]);
         assert_eq!(q.records(), 3);

@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
@@ -16,13 +17,14 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::args;
 use super::awaitables::{ready, Wait};
+use super::blocking::BlockingWait;
 use super::errors::guard;
 use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection;
-use super::runtime::{log, now};
+use super::runtime::{log, now, running_loop};
 use crate::core::transport::TransportId;
-use crate::core::{Arrival, TurnSlot};
+use crate::core::{Arrival, TurnSlot, WaiterKey};
 
 /// The turn's slot: owned by the admission, or shared with the human-wait hook. The hook
 /// never holds the admission itself, so an admission abandoned without `__aexit__` is still
@@ -47,7 +49,10 @@ enum AdmissionState {
     Fresh,
     /// The gate is disabled: no slot to return.
     PassThrough,
-    Waiting,
+    /// Arriving (deciding), before the gate has settled the turn.
+    Arriving,
+    /// Queued under this key.
+    Queued(WaiterKey),
     Entered {
         slot: SlotRef,
         token: Option<Py<PyAny>>,
@@ -63,22 +68,40 @@ pub struct Admission {
     gate: Py<PyAdmissionGate>,
     session_id: Py<PyString>,
     transport: TransportId,
+    /// Called once with `(position, estimated_wait_s)` when the turn starts waiting.
+    on_queued: Option<Py<PyAny>>,
+    /// For `admit_sync`: the caller's own bound on the wait.
+    timeout: Option<Duration>,
     state: Mutex<AdmissionState>,
     /// Whether the turn had to wait in the queue (set once it is admitted after waiting).
     pub waited: AtomicBool,
 }
 
+/// What `gate.admit()` / `gate.admit_sync()` were asked for.
+pub struct AdmitArgs {
+    pub session_id: Py<PyString>,
+    pub transport: TransportId,
+    pub on_queued: Option<Py<PyAny>>,
+    pub timeout: Option<Duration>,
+}
+
+/// How an arrival turned out, for the async and the blocking entry alike.
+enum Arrived {
+    /// Runs now (or the gate is disabled).
+    Running,
+    /// Waits under `key`, until `deadline` at the latest.
+    Queued(WaiterKey, Option<Duration>),
+}
+
 impl Admission {
-    /// An admission of one turn of `session_id` through `transport`, not yet entered.
-    pub fn new(
-        gate: Py<PyAdmissionGate>,
-        session_id: Py<PyString>,
-        transport: TransportId,
-    ) -> Self {
+    /// An admission of one turn, not yet entered.
+    pub fn new(gate: Py<PyAdmissionGate>, args: AdmitArgs) -> Self {
         Self {
             gate,
-            session_id,
-            transport,
+            session_id: args.session_id,
+            transport: args.transport,
+            on_queued: args.on_queued,
+            timeout: args.timeout,
             state: Mutex::new(AdmissionState::Fresh),
             waited: AtomicBool::new(false),
         }
@@ -89,6 +112,14 @@ impl Admission {
         let mut state = self.state.lock();
         if !matches!(*state, AdmissionState::Entered { .. }) {
             *state = AdmissionState::Done;
+        }
+    }
+
+    /// The waiting turn's key, while it waits.
+    fn queued_key(&self) -> Option<WaiterKey> {
+        match *self.state.lock() {
+            AdmissionState::Queued(key) => Some(key),
+            _ => None,
         }
     }
 
@@ -122,7 +153,8 @@ impl Admission {
         Ok(())
     }
 
-    fn arrive(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+    /// Arrives at the gate: runs now, waits (the key is remembered), or is refused.
+    fn arrive(slf: &Bound<'_, Self>) -> PyResult<Arrived> {
         let py = slf.py();
         let this = slf.get();
         {
@@ -132,19 +164,19 @@ impl Admission {
                     "this admission was already entered; call gate.admit() for each turn",
                 ));
             }
-            *state = AdmissionState::Waiting;
+            *state = AdmissionState::Arriving;
         }
         let gate = this.gate.get();
         let transports = &gate.core.transports;
         if !gate.is_enabled(py) {
             *this.state.lock() = AdmissionState::PassThrough;
             transports.admitted(this.transport);
-            return ready(py);
+            return Ok(Arrived::Running);
         }
         let session_id = this.session_id.bind(py);
         let session_key = args::scope_key(session_id)?;
         let session: &str = &session_key;
-        let scope = (gate.limits.max_per_scope > 0 && !session.is_empty()).then_some(session);
+        let scope = (gate.max_per_scope() > 0 && !session.is_empty()).then_some(session);
         let resource = gate.resources.decision(py);
         if !gate.native_policy() && gate.core.has_waiters() {
             // A custom policy decides from the facts the arrival will see: let eased
@@ -161,7 +193,7 @@ impl Admission {
             Arrival::Admitted(scope) => {
                 transports.admitted(this.transport);
                 Self::enter(slf, scope)?;
-                ready(py)
+                Ok(Arrived::Running)
             }
             Arrival::Rejected(reason, retry_after) => {
                 *this.state.lock() = AdmissionState::Done;
@@ -175,7 +207,7 @@ impl Admission {
                         reason.as_str(),
                         s.in_flight,
                         s.queued,
-                        gate.limits.max_concurrent_runs,
+                        gate.max_concurrent_runs(),
                         if session.is_empty() { "-" } else { session }
                     ),
                 );
@@ -183,9 +215,83 @@ impl Admission {
             }
             Arrival::Queued(key) => {
                 transports.queued(this.transport);
-                let wait = Wait::new(slf.clone().unbind(), gate.core.clone(), key, this.transport);
-                // If the awaitable cannot be made, dropping it withdraws the turn.
-                Py::new(py, wait).map(Py::into_any)
+                *this.state.lock() = AdmissionState::Queued(key);
+                let timeout = match (gate.queue_timeout(), this.timeout) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                Ok(Arrived::Queued(key, timeout.map(|t| now() + t)))
+            }
+        }
+    }
+
+    /// Tells `on_queued` where the turn stands. If it raises, the turn withdraws (nothing is
+    /// lost) and the error propagates.
+    fn announce_queued(slf: &Bound<'_, Self>, key: WaiterKey) -> PyResult<()> {
+        let this = slf.get();
+        let Some(callback) = &this.on_queued else {
+            return Ok(());
+        };
+        let py = slf.py();
+        let core = &this.gate.get().core;
+        let Some((position, estimate)) = core.place_in_line(key, now) else {
+            return Ok(()); // already settled
+        };
+        callback
+            .bind(py)
+            .call1((position, estimate.map(|d| d.as_secs_f64())))
+            .map(drop)
+    }
+
+    /// `__aenter__`: the shared finished awaitable for a turn that runs now, a [`Wait`] for
+    /// one that queues.
+    fn enter_async(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        match Self::arrive(slf)? {
+            Arrived::Running => ready(py),
+            Arrived::Queued(key, deadline) => {
+                let this = slf.get();
+                let core = this.gate.get().core.clone();
+                let wait = Wait::new(slf.clone().unbind(), core, key, this.transport, deadline);
+                // If the awaitable cannot be made, or on_queued raises, dropping the wait
+                // withdraws the turn.
+                let wait = Py::new(py, wait)?;
+                Self::announce_queued(slf, key)?;
+                Ok(wait.into_any())
+            }
+        }
+    }
+
+    /// `__enter__` (`admit_sync`): blocks, without the GIL, until the turn runs or is
+    /// refused.
+    fn enter_blocking(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        if running_loop(py)?.is_some() {
+            return Err(PyRuntimeError::new_err(
+                "admit_sync() called on a thread that is running an event loop: waiting here would block that loop; use `async with gate.admit()` on it",
+            ));
+        }
+        match Self::arrive(slf)? {
+            Arrived::Running => Ok(()),
+            Arrived::Queued(key, deadline) => {
+                let this = slf.get();
+                let core = this.gate.get().core.clone();
+                let mut wait = BlockingWait::new(core, key, this.transport);
+                if let Err(err) = Self::announce_queued(slf, key) {
+                    wait.withdraw(py);
+                    this.abandon();
+                    return Err(err);
+                }
+                match wait.wait(py, deadline) {
+                    Ok(scope) => {
+                        this.waited.store(true, Ordering::Relaxed);
+                        Self::enter(slf, scope)
+                    }
+                    Err(err) => {
+                        this.abandon();
+                        Err(err)
+                    }
+                }
             }
         }
     }
@@ -203,6 +309,7 @@ impl Admission {
                 if epoch == gate.core.epoch() {
                     gate.core.transports.finished(self.transport);
                     slot.close(&gate.core, gate.release_pressure(py)).run();
+                    gate.core.after_release(py);
                 }
             }
             AdmissionState::PassThrough => gate.core.transports.finished(self.transport),
@@ -225,8 +332,47 @@ impl Admission {
         guard(|| Ok(matches!(*self.state.lock(), AdmissionState::Entered { .. })))
     }
 
+    /// While the turn waits: how many turns would start before it; `None` otherwise.
+    #[getter]
+    fn position(&self) -> PyResult<Option<u64>> {
+        guard(|| {
+            let Some(key) = self.queued_key() else {
+                return Ok(None);
+            };
+            Ok(self.gate.get().core.place_in_line(key, now).map(|(p, _)| p))
+        })
+    }
+
+    /// While the turn waits: seconds until it may start at the recent release rate
+    /// (unclamped); `None` otherwise, or before the gate has any history.
+    #[getter]
+    fn estimated_wait_s(&self) -> PyResult<Option<f64>> {
+        guard(|| {
+            let Some(key) = self.queued_key() else {
+                return Ok(None);
+            };
+            let place = self.gate.get().core.place_in_line(key, now);
+            Ok(place.and_then(|(_, estimate)| estimate.map(|d| d.as_secs_f64())))
+        })
+    }
+
     fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        guard(|| Self::arrive(slf))
+        guard(|| Self::enter_async(slf))
+    }
+
+    fn __enter__(slf: &Bound<'_, Self>) -> PyResult<Py<Self>> {
+        guard(|| {
+            Self::enter_blocking(slf)?;
+            Ok(slf.clone().unbind())
+        })
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        guard(|| {
+            self.leave(py);
+            Ok(false)
+        })
     }
 
     #[pyo3(signature = (*_exc))]
@@ -240,6 +386,9 @@ impl Admission {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.gate)?;
         visit.call(&self.session_id)?;
+        if let Some(callback) = &self.on_queued {
+            visit.call(callback)?;
+        }
         if let Some(state) = self.state.try_lock() {
             if let AdmissionState::Entered {
                 token: Some(token), ..
@@ -268,6 +417,7 @@ impl Drop for Admission {
                     if let Err(err) = guard(|| {
                         core.transports.finished(self.transport);
                         slot.close(&core, None).run();
+                        core.after_release(py);
                         Ok(())
                     }) {
                         err.write_unraisable(py, None);

@@ -2,6 +2,8 @@
 //! bad value. Counts accept ints, integral floats and integer strings (as configuration files
 //! and CLIs give them); booleans, fractions and anything else are refused.
 
+use std::time::Duration;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
@@ -130,6 +132,19 @@ impl Arg {
         }
     }
 
+    /// A wait bound: `None` when not given or `None`.
+    pub fn timeout(&self, py: Python<'_>, arg: &'static str) -> PyResult<Option<Duration>> {
+        match &self.0 {
+            None => Ok(None),
+            Some(value) => timeout(arg, value.bind(py)),
+        }
+    }
+
+    /// Whether the argument was given at all.
+    pub fn given(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// An overflow policy: `reject` when not given or `None`.
     pub fn overflow(&self, py: Python<'_>) -> PyResult<Overflow> {
         match &self.0 {
@@ -137,6 +152,23 @@ impl Arg {
             Some(value) => overflow(value.bind(py)),
         }
     }
+}
+
+/// A wait bound in seconds: `None` for no bound, else a finite number `> 0`.
+pub fn timeout(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<Option<Duration>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let seconds = number(arg, value)?;
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "{arg} must be a positive number of seconds or None, got {}",
+            repr(value)
+        )));
+    }
+    Duration::try_from_secs_f64(seconds)
+        .map(Some)
+        .map_err(|_| PyValueError::new_err(format!("{arg} is too large, got {}", repr(value))))
 }
 
 /// A live count handed to `decide` (`in_flight` and the like): a non-negative int.

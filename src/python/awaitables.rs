@@ -9,6 +9,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -21,9 +22,9 @@ use super::admission::Admission;
 use super::errors::guard;
 use super::rejection::rejection;
 use super::runtime::{now, running_loop};
-use super::wake::{mailbox_for, resolve_waiter, Core, PyWaker};
+use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
 use crate::core::transport::TransportId;
-use crate::core::{Claim, Registered, Rejection, WaiterKey};
+use crate::core::{Claim, Registered, WaiterKey};
 
 /// An awaitable that is already finished: what `__aenter__`/`__aexit__` return on the fast
 /// path. Stateless, so one instance serves every caller.
@@ -108,6 +109,8 @@ fn thrown(
 
 struct WaitState {
     fut: Option<Py<PyAny>>,
+    /// The `call_later` handle of the queue timeout, cancelled when the wait ends.
+    timer: Option<Py<PyAny>>,
     done: bool,
     /// Whether the turn had to wait to be woken (not granted a slot on arrival).
     parked: bool,
@@ -121,24 +124,49 @@ pub struct Wait {
     core: Arc<Core>,
     key: WaiterKey,
     transport: TransportId,
+    /// When the queue timeout refuses the turn, on [`now`]'s clock.
+    deadline: Option<Duration>,
     state: Mutex<WaitState>,
 }
 
+/// Refuses one waiting turn whose queue timeout ran out (scheduled with `call_later` on the
+/// turn's loop). A turn granted a slot first is left alone: exactly one of the two wins.
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct QueueTimer {
+    core: Arc<Core>,
+    key: WaiterKey,
+}
+
+#[pymethods]
+impl QueueTimer {
+    fn __call__(&self) -> PyResult<()> {
+        guard(|| {
+            let (_, wakes) = self.core.expire(self.key);
+            wakes.run();
+            Ok(())
+        })
+    }
+}
+
 impl Wait {
-    /// The awaitable of a turn the gate queued under `key`.
+    /// The awaitable of a turn the gate queued under `key`, refused at `deadline` if still
+    /// waiting then.
     pub fn new(
         admission: Py<Admission>,
         core: Arc<Core>,
         key: WaiterKey,
         transport: TransportId,
+        deadline: Option<Duration>,
     ) -> Self {
         Self {
             admission,
             core,
             key,
             transport,
+            deadline,
             state: Mutex::new(WaitState {
                 fut: None,
+                timer: None,
                 done: false,
                 parked: false,
             }),
@@ -146,14 +174,19 @@ impl Wait {
     }
 
     /// Marks the wait over, exactly once: `false` if it already was. The transport stops
-    /// counting the turn as queued (and counts it running if `admitted`).
-    fn finish(&self, admitted: bool) -> bool {
-        {
+    /// counting the turn as queued (and counts it running if `admitted`); a pending queue
+    /// timeout is cancelled.
+    fn finish(&self, py: Python<'_>, admitted: bool) -> bool {
+        let timer = {
             let mut state = self.state.lock();
             if state.done {
                 return false;
             }
             state.done = true;
+            state.timer.take()
+        };
+        if let Some(timer) = timer {
+            let _ = timer.bind(py).call_method0(pyo3::intern!(py, "cancel"));
         }
         self.core.transports.dequeued(self.transport, admitted);
         true
@@ -179,23 +212,21 @@ impl Wait {
             }
             match claim {
                 Claim::Admitted(scope) => {
-                    self.finish(true);
+                    self.finish(py, true);
                     let parked = self.state.lock().parked;
                     let admission = self.admission.bind(py);
                     admission.get().waited.store(parked, Ordering::Relaxed);
                     Admission::enter(admission, scope)?;
                     return Ok(None);
                 }
-                Claim::Shed(retry_after) => {
-                    self.finish(false);
-                    self.core
-                        .transports
-                        .rejected(self.transport, Rejection::Shed);
+                Claim::Refused(reason, retry_after) => {
+                    self.finish(py, false);
+                    self.core.transports.rejected(self.transport, reason);
                     self.admission.get().abandon();
-                    return Err(rejection(py, Rejection::Shed, Some(retry_after)));
+                    return Err(rejection(py, reason, retry_after));
                 }
                 Claim::Unknown => {
-                    self.finish(false);
+                    self.finish(py, false);
                     self.admission.get().abandon();
                     return Err(PyRuntimeError::new_err(
                         "this turn's wait was withdrawn because its event loop closed",
@@ -211,24 +242,47 @@ impl Wait {
             }
         }
         let Some(event_loop) = running_loop(py)? else {
-            self.withdraw_and_abandon();
+            self.withdraw_and_abandon(py);
             return Err(PyRuntimeError::new_err(
                 "gate.admit() must be awaited inside a running event loop",
             ));
         };
         let fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
-        let waker = PyWaker {
+        let timer = match self.deadline {
+            Some(deadline) => {
+                let delay = deadline.saturating_sub(now()).as_secs_f64();
+                let expire = Py::new(
+                    py,
+                    QueueTimer {
+                        core: self.core.clone(),
+                        key: self.key,
+                    },
+                )?;
+                Some(
+                    event_loop
+                        .call_method1(pyo3::intern!(py, "call_later"), (delay, expire))?
+                        .unbind(),
+                )
+            }
+            None => None,
+        };
+        let waker = PyWaker::Loop(LoopWaker {
             fut: fut.clone().unbind(),
             mailbox: mailbox_for(&event_loop),
             event_loop: event_loop.unbind(),
             loop_thread: std::thread::current().id(),
             key: self.key,
             core: self.core.clone(),
-        };
+        });
         let (registered, _) = self.core.register(self.key, waker);
         if registered == Registered::Waiting {
-            self.state.lock().parked = true;
+            let mut state = self.state.lock();
+            state.parked = true;
+            state.timer = timer;
         } else {
+            if let Some(timer) = timer {
+                timer.bind(py).call_method0(pyo3::intern!(py, "cancel"))?;
+            }
             // Settled before we could wait (granted by a release, or shed). Still yield
             // once, with the future already resolved: the turn then starts after the
             // waiters woken before it, in the order the loop runs their callbacks.
@@ -241,21 +295,22 @@ impl Wait {
 
     /// Leaves the queue (or hands on a slot granted in the meantime). Idempotent: `false`
     /// when the wait was already over (admitted, shed or withdrawn).
-    fn withdraw(&self) -> bool {
-        if !self.finish(false) {
+    fn withdraw(&self, py: Python<'_>) -> bool {
+        if !self.finish(py, false) {
             return false;
         }
         let (_, wakes) = self.core.cancel(self.key);
         wakes.run();
         self.core.delivered(self.key);
+        self.core.after_release(py);
         true
     }
 
     /// Withdraws, and if this call is what ended the wait, the admission is over too. A
     /// wait that already admitted its turn leaves the admission alone: the turn holds a slot
     /// that only `__aexit__` (or the admission's drop) returns.
-    fn withdraw_and_abandon(&self) {
-        if self.withdraw() {
+    fn withdraw_and_abandon(&self, py: Python<'_>) {
+        if self.withdraw(py) {
             self.admission.get().abandon();
         }
     }
@@ -284,14 +339,14 @@ impl Wait {
         tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         guard(|| {
-            self.withdraw_and_abandon();
+            self.withdraw_and_abandon(typ.py());
             Err(thrown(typ, val, tb))
         })
     }
 
-    fn close(&self) -> PyResult<()> {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         guard(|| {
-            self.withdraw_and_abandon();
+            self.withdraw_and_abandon(py);
             Ok(())
         })
     }
@@ -301,6 +356,9 @@ impl Wait {
         if let Some(state) = self.state.try_lock() {
             if let Some(fut) = &state.fut {
                 visit.call(fut)?;
+            }
+            if let Some(timer) = &state.timer {
+                visit.call(timer)?;
             }
         }
         Ok(())
@@ -314,7 +372,7 @@ impl Drop for Wait {
         if !self.state.get_mut().done {
             Python::attach(|py| {
                 if let Err(err) = guard(|| {
-                    self.withdraw();
+                    self.withdraw(py);
                     Ok(())
                 }) {
                     err.write_unraisable(py, None);

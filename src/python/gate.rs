@@ -4,24 +4,26 @@
 //! Rust when it is admitgate's own, by calling `decide` otherwise) and the memory-aware side
 //! ([`ResourceGate`]). Turns go through [`Admission`]; counters are read from the core.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::admission::Admission;
-use super::args;
+use super::admission::{Admission, AdmitArgs};
+use super::args::{self, Arg};
 use super::errors::guard;
 use super::fork::register_gate;
 use super::human_wait::human_wait_scope;
 use super::policy::{decision_from, not_a_decision, PyConcurrencyLimitPolicy};
 use super::resources::ResourceGate;
-use super::runtime::{log, now};
-use super::wake::Core;
+use super::runtime::{log, now, running_loop};
+use super::wake::{Core, DrainWaiter, ThreadSignal};
 use crate::core::histogram::HistogramSnapshot;
 use crate::core::transport::TransportId;
 use crate::core::{ConcurrencyLimit, Decision, Overflow, Rejection};
@@ -38,12 +40,16 @@ use crate::core::{ConcurrencyLimit, Decision, Overflow, Rejection};
 )]
 pub struct PyAdmissionGate {
     pub core: Arc<Core>,
-    pub limits: ConcurrencyLimit,
-    /// The policy object (`None` for a resource-only gate). Behind a lock only so the
-    /// garbage collector can clear it; the lock is held to clone it, never while Python runs.
+    /// The ceiling and the per-scope limit, readable without the core's lock (the core
+    /// holds the authoritative limits; `reconfigure` changes both).
+    max_runs: AtomicU32,
+    per_scope: AtomicU32,
+    /// The queue timeout in nanoseconds; 0: none.
+    queue_timeout_nanos: AtomicU64,
+    /// The policy object (`None` for a resource-only gate). Behind a lock so the garbage
+    /// collector can clear it and `reconfigure` can replace it; the lock is held to clone or
+    /// swap it, never while Python runs.
     policy: Mutex<Option<Py<PyAny>>>,
-    /// A policy is configured (it stays configured after the collector clears the object).
-    has_policy: bool,
     /// The policy is admitgate's own: decide in Rust, from the live facts, under the lock.
     native_policy: bool,
     pub resources: ResourceGate,
@@ -85,28 +91,38 @@ fn declared<'py>(
     }
 }
 
+/// What a policy object declares.
+struct Declared {
+    limits: ConcurrencyLimit,
+    queue_timeout: Option<Duration>,
+    /// Exactly admitgate's own policy (decided in Rust).
+    native: bool,
+}
+
 /// The limits a policy object declares (admitgate's own, or any object with the
-/// reference's attributes), and whether it is exactly admitgate's own.
-fn limits_of(
-    py: Python<'_>,
-    policy: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(ConcurrencyLimit, bool)> {
+/// reference's attributes, plus an optional `queue_timeout_s`).
+fn limits_of(py: Python<'_>, policy: Option<&Bound<'_, PyAny>>) -> PyResult<Declared> {
     let Some(p) = policy else {
-        return Ok((
-            ConcurrencyLimit {
+        return Ok(Declared {
+            limits: ConcurrencyLimit {
                 max_concurrent_runs: 0,
                 queue_depth: 0,
                 overflow: Overflow::Reject,
                 max_per_scope: 0,
             },
-            false,
-        ));
+            queue_timeout: None,
+            native: false,
+        });
     };
     if let Ok(ours) = p.cast::<PyConcurrencyLimitPolicy>() {
+        let ours = ours.get();
         // Exactly ours (not a subclass, which may override decide in Python).
-        if p.get_type().is(py.get_type::<PyConcurrencyLimitPolicy>()) {
-            return Ok((ours.get().limit, true));
-        }
+        let native = p.get_type().is(py.get_type::<PyConcurrencyLimitPolicy>());
+        return Ok(Declared {
+            limits: ours.limit,
+            queue_timeout: ours.queue_timeout,
+            native,
+        });
     }
     let overflow = match declared(p, "overflow_policy")? {
         Some(v) if v.is_truthy()? => args::overflow(&v)?,
@@ -118,7 +134,15 @@ fn limits_of(
         overflow,
         max_per_scope: read_limit(p, "max_concurrent_runs_per_scope")?,
     };
-    Ok((limits, false))
+    let queue_timeout = match declared(p, "queue_timeout_s")? {
+        Some(value) => args::timeout("queue_timeout_s", &value)?,
+        None => None,
+    };
+    Ok(Declared {
+        limits,
+        queue_timeout,
+        native: false,
+    })
 }
 
 /// A `session_id` as the reference accepts it: a str as is, `None` as `""`, anything else
@@ -132,6 +156,22 @@ fn session_key(session_id: Option<Bound<'_, PyAny>>, py: Python<'_>) -> PyResult
             Err(err) => Ok(err.into_inner().str()?.unbind()),
         },
     }
+}
+
+fn repr(value: &Bound<'_, PyAny>) -> String {
+    value.repr().map(|r| r.to_string()).unwrap_or_default()
+}
+
+static DRAIN: PyOnceLock<Py<pyo3::types::PyModule>> = PyOnceLock::new();
+
+/// `admitgate._drain.<name>`: the drain's Python half (it awaits; the primitives are here).
+fn drain_helper<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    DRAIN
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("admitgate._drain")?.unbind())
+        })?
+        .bind(py)
+        .getattr(name)
 }
 
 fn histogram_dict<'py>(py: Python<'py>, h: &HistogramSnapshot) -> PyResult<Bound<'py, PyDict>> {
@@ -148,9 +188,72 @@ impl PyAdmissionGate {
         self.native_policy
     }
 
+    /// The ceiling in force (0: none).
+    pub fn max_concurrent_runs(&self) -> u32 {
+        self.max_runs.load(Ordering::Relaxed)
+    }
+
+    /// The per-scope limit in force (0: off).
+    pub fn max_per_scope(&self) -> u32 {
+        self.per_scope.load(Ordering::Relaxed)
+    }
+
+    /// The queue timeout in force.
+    pub fn queue_timeout(&self) -> Option<Duration> {
+        match self.queue_timeout_nanos.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    fn set_queue_timeout(&self, timeout: Option<Duration>) {
+        let nanos = timeout.map_or(0, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1)
+        });
+        self.queue_timeout_nanos.store(nanos, Ordering::Relaxed);
+    }
+
     /// Whether the gate is active: a ceiling is set, or memory-aware admission is on.
     pub fn is_enabled(&self, py: Python<'_>) -> bool {
-        (self.has_policy && self.limits.max_concurrent_runs > 0) || self.resources.enabled(py)
+        self.max_concurrent_runs() > 0 || self.resources.enabled(py)
+    }
+
+    fn admit_args(
+        &self,
+        py: Python<'_>,
+        session_id: Option<Bound<'_, PyAny>>,
+        transport: Option<Bound<'_, PyAny>>,
+        on_queued: Option<Bound<'_, PyAny>>,
+        timeout: Option<Duration>,
+    ) -> PyResult<AdmitArgs> {
+        let transport = match transport {
+            None => TransportId::DIRECT,
+            Some(t) => {
+                let name = t.cast::<PyString>().map_err(|_| {
+                    PyTypeError::new_err(format!("transport must be a str, got {}", repr(&t)))
+                })?;
+                self.core
+                    .transports
+                    .resolve(name.to_str()?)
+                    .map_err(|err| PyValueError::new_err(err.to_string()))?
+            }
+        };
+        let on_queued = match on_queued {
+            Some(cb) if cb.is_none() => None,
+            Some(cb) if !cb.is_callable() => {
+                return Err(PyTypeError::new_err(format!(
+                    "on_queued must be callable as on_queued(position, estimated_wait_s), got {}",
+                    repr(&cb)
+                )))
+            }
+            cb => cb.map(Bound::unbind),
+        };
+        Ok(AdmitArgs {
+            session_id: session_key(session_id, py)?,
+            transport,
+            on_queued,
+            timeout,
+        })
     }
 
     /// A custom policy's decision from the current facts (`None` for admitgate's own policy,
@@ -166,13 +269,14 @@ impl PyAdmissionGate {
             return None;
         }
         let policy = self.policy.lock().as_ref().map(|p| p.clone_ref(py))?;
+        let per_scope = self.max_per_scope();
         let outcome = (|| -> PyResult<Decision> {
             let facts = self.core.facts(scope);
             let kwargs = PyDict::new(py);
             kwargs.set_item("in_flight", facts.in_flight)?;
             kwargs.set_item("queued", facts.queued)?;
             kwargs.set_item("session_id", session_id)?;
-            let scope_arg = if self.limits.max_per_scope > 0 {
+            let scope_arg = if per_scope > 0 {
                 session_id.clone()
             } else {
                 PyString::new(py, "").into_any()
@@ -216,60 +320,269 @@ impl PyAdmissionGate {
         resource_sampler: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
-            let (limits, native_policy) = limits_of(py, policy.as_ref())?;
+            let declared = limits_of(py, policy.as_ref())?;
             let resources = ResourceGate::new(py, resource_policy, resource_sampler)?;
             // Resolve praisonaiagents' human-wait variable now, not inside a running turn:
             // importing praisonaiagents reconfigures logging.
             let _ = human_wait_scope(py);
+            let limits = declared.limits;
             let core = Arc::new(Core::new(limits));
             register_gate(&core);
-            Ok(Self {
+            let gate = Self {
                 core,
-                limits,
-                has_policy: policy.is_some(),
+                max_runs: AtomicU32::new(limits.max_concurrent_runs),
+                per_scope: AtomicU32::new(limits.max_per_scope),
+                queue_timeout_nanos: AtomicU64::new(0),
                 policy: Mutex::new(policy.map(Bound::unbind)),
-                native_policy,
+                native_policy: declared.native,
                 resources,
                 warned_policy: AtomicBool::new(false),
-            })
+            };
+            gate.set_queue_timeout(declared.queue_timeout);
+            Ok(gate)
         })
     }
 
     /// Admits (or sheds) one turn: `async with gate.admit(session_id=..., transport=...)`.
     /// Raises `AdmissionRejected` on entry when the turn is rejected or evicted while waiting.
     #[pyo3(
-        signature = (*, session_id=None, transport=None),
-        text_signature = "($self, *, session_id='', transport='direct')"
+        signature = (*, session_id=None, transport=None, on_queued=None),
+        text_signature = "($self, *, session_id='', transport='direct', on_queued=None)"
     )]
     fn admit(
         slf: &Bound<'_, Self>,
         session_id: Option<Bound<'_, PyAny>>,
         transport: Option<Bound<'_, PyAny>>,
+        on_queued: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
-            let py = slf.py();
-            let transport = match transport {
-                None => TransportId::DIRECT,
-                Some(t) => {
-                    let name = t.cast::<PyString>().map_err(|_| {
-                        PyTypeError::new_err(format!(
-                            "transport must be a str, got {}",
-                            t.repr().map(|r| r.to_string()).unwrap_or_default()
-                        ))
-                    })?;
-                    slf.get()
-                        .core
-                        .transports
-                        .resolve(name.to_str()?)
-                        .map_err(|err| PyValueError::new_err(err.to_string()))?
+            let args = slf
+                .get()
+                .admit_args(slf.py(), session_id, transport, on_queued, None)?;
+            Ok(Admission::new(slf.clone().unbind(), args))
+        })
+    }
+
+    /// Admits one turn from a worker thread: `with gate.admit_sync(session_id=...)`. Blocks
+    /// without the GIL while the turn waits, at most `timeout` seconds (and at most the
+    /// gate's `queue_timeout_s`); raises `RuntimeError` at once on a thread running an event
+    /// loop.
+    #[pyo3(
+        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None),
+        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None)"
+    )]
+    fn admit_sync(
+        slf: &Bound<'_, Self>,
+        session_id: Option<Bound<'_, PyAny>>,
+        transport: Option<Bound<'_, PyAny>>,
+        timeout: Option<Bound<'_, PyAny>>,
+        on_queued: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Admission> {
+        guard(|| {
+            let timeout = match &timeout {
+                Some(t) => args::timeout("timeout", t)?,
+                None => None,
+            };
+            let args = slf
+                .get()
+                .admit_args(slf.py(), session_id, transport, on_queued, timeout)?;
+            Ok(Admission::new(slf.clone().unbind(), args))
+        })
+    }
+
+    /// Changes limits while the gate runs: any subset of the arguments, the rest unchanged,
+    /// each validated as at construction (a bad value changes nothing). Lowering the ceiling
+    /// never cancels a running turn; raising it starts waiting turns at once. Shrinking the
+    /// queue refuses the newest waiters of each lane past the new depth (`queue_full`),
+    /// except under the `queue` overflow policy. Returns how many waiters were refused.
+    #[pyo3(signature = (
+        *,
+        max_concurrent_runs=Arg(None),
+        queue_depth=Arg(None),
+        overflow_policy=Arg(None),
+        max_concurrent_runs_per_scope=Arg(None),
+        max_rss_mb=Arg(None),
+        queue_timeout_s=Arg(None)
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn reconfigure(
+        &self,
+        py: Python<'_>,
+        max_concurrent_runs: Arg,
+        queue_depth: Arg,
+        overflow_policy: Arg,
+        max_concurrent_runs_per_scope: Arg,
+        max_rss_mb: Arg,
+        queue_timeout_s: Arg,
+    ) -> PyResult<u64> {
+        guard(|| {
+            // Validate everything first: a bad value changes nothing.
+            let current = self.core.limits();
+            let count = |arg: &Arg, name: &'static str, old: u32| -> PyResult<u32> {
+                if arg.given() {
+                    arg.count(py, name)
+                } else {
+                    Ok(old)
                 }
             };
-            Ok(Admission::new(
-                slf.clone().unbind(),
-                session_key(session_id, py)?,
-                transport,
-            ))
+            let limits = ConcurrencyLimit {
+                max_concurrent_runs: count(
+                    &max_concurrent_runs,
+                    "max_concurrent_runs",
+                    current.max_concurrent_runs,
+                )?,
+                queue_depth: count(&queue_depth, "queue_depth", current.queue_depth)?,
+                overflow: if overflow_policy.given() {
+                    overflow_policy.overflow(py)?
+                } else {
+                    current.overflow
+                },
+                max_per_scope: count(
+                    &max_concurrent_runs_per_scope,
+                    "max_concurrent_runs_per_scope",
+                    current.max_per_scope,
+                )?,
+            };
+            let timeout = if queue_timeout_s.given() {
+                queue_timeout_s.timeout(py, "queue_timeout_s")?
+            } else {
+                self.queue_timeout()
+            };
+            let max_rss = if max_rss_mb.given() {
+                self.resources.check_reconfigurable()?;
+                Some(max_rss_mb.threshold(py, "max_rss_mb")?)
+            } else {
+                None
+            };
+            if self.native_policy || self.policy.lock().is_none() {
+                let replacement = Py::new(
+                    py,
+                    PyConcurrencyLimitPolicy {
+                        limit: limits,
+                        queue_timeout: timeout,
+                    },
+                )?;
+                if self.native_policy {
+                    let old = self.policy.lock().replace(replacement.into_any());
+                    drop(old);
+                }
+            }
+            if let Some(max_rss) = max_rss {
+                self.resources.set_max_rss_mb(py, max_rss)?;
+            }
+            self.set_queue_timeout(timeout);
+            self.max_runs
+                .store(limits.max_concurrent_runs, Ordering::Relaxed);
+            self.per_scope
+                .store(limits.max_per_scope, Ordering::Relaxed);
+            let (refused, wakes) = self.core.reconfigure(limits);
+            wakes.run();
+            Ok(refused)
         })
+    }
+
+    /// Per tenant with turns running or waiting: `{tenant: {"in_flight": n, "queued": n}}`.
+    /// Empty when per-tenant limits are off; idle tenants are not kept.
+    fn scope_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        guard(|| {
+            let out = PyDict::new(py);
+            for (scope, in_flight, queued) in self.core.scope_stats() {
+                let d = PyDict::new(py);
+                d.set_item("in_flight", in_flight)?;
+                d.set_item("queued", queued)?;
+                out.set_item(&*scope, d)?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// Stops admitting and refuses every queued turn (`closing`); returns
+    /// `(running turns, waiters refused)`. Used by `close()` / `close_sync()`.
+    fn _begin_close(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        guard(|| {
+            let refused = self.core.begin_close(py);
+            Ok((self.core.running().0, refused))
+        })
+    }
+
+    /// Turns still running (holding a slot, granted, or parked on a human).
+    fn _running(&self) -> PyResult<u64> {
+        guard(|| Ok(self.core.running().0))
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> PyResult<bool> {
+        guard(|| Ok(self.core.is_closing()))
+    }
+
+    /// A future on the running loop, resolved once a closing gate has nothing running;
+    /// `None` when nothing runs already.
+    fn _drained_future(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        guard(|| {
+            let event_loop = running_loop(py)?.ok_or_else(|| {
+                PyRuntimeError::new_err("gate.close() must be awaited inside a running event loop")
+            })?;
+            let fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
+            let waiter = DrainWaiter::Loop {
+                fut: fut.clone().unbind(),
+                event_loop: event_loop.unbind(),
+            };
+            Ok(self.core.add_drain_waiter(waiter).then(|| fut.unbind()))
+        })
+    }
+
+    /// Blocks (without the GIL) until a closing gate has nothing running or `timeout`
+    /// seconds pass (`None`: no bound); whether it drained.
+    #[pyo3(signature = (timeout=None))]
+    fn _wait_drained(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        guard(|| {
+            let deadline = timeout.map(|t| now() + Duration::from_secs_f64(t.max(0.0)));
+            let signal = Arc::new(ThreadSignal::default());
+            if !self
+                .core
+                .add_drain_waiter(DrainWaiter::Thread(signal.clone()))
+            {
+                return Ok(true);
+            }
+            loop {
+                let slice = match deadline {
+                    Some(d) => d.saturating_sub(now()).min(Duration::from_millis(100)),
+                    None => Duration::from_millis(100),
+                };
+                if slice.is_zero() {
+                    return Ok(self.core.running().0 == 0);
+                }
+                let waiting = signal.clone();
+                if py.detach(move || waiting.wait(slice)) {
+                    return Ok(true);
+                }
+                py.check_signals()?;
+            }
+        })
+    }
+
+    /// Drains the gate: stops admitting (newcomers are refused with `closing`), refuses
+    /// every queued turn at once, never cancels a running turn, and waits up to
+    /// `drain_timeout` seconds (`None`: as long as it takes) for the running turns to end.
+    /// Returns a `DrainReport(finished, still_running, queued_rejected)`. A closed gate stays
+    /// closed.
+    #[pyo3(signature = (drain_timeout=None))]
+    fn close<'py>(
+        slf: &Bound<'py, Self>,
+        drain_timeout: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        guard(|| drain_helper(slf.py(), "close")?.call1((slf, drain_timeout)))
+    }
+
+    /// [`close`](Self::close) for threaded code: blocks (without the GIL) until drained or
+    /// `drain_timeout` passes, and returns the `DrainReport`.
+    #[pyo3(signature = (drain_timeout=None))]
+    fn close_sync<'py>(
+        slf: &Bound<'py, Self>,
+        drain_timeout: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        guard(|| drain_helper(slf.py(), "close_sync")?.call1((slf, drain_timeout)))
     }
 
     /// Whether the gate is active: a ceiling is set, or a memory-pressure policy with a
@@ -280,16 +593,22 @@ impl PyAdmissionGate {
     }
 
     /// The ceiling on concurrent runs (0: none).
-    #[getter]
-    fn max_concurrent_runs(&self) -> PyResult<u32> {
-        guard(|| Ok(self.limits.max_concurrent_runs))
+    #[getter(max_concurrent_runs)]
+    fn get_max_concurrent_runs(&self) -> PyResult<u32> {
+        guard(|| Ok(self.max_concurrent_runs()))
+    }
+
+    /// Seconds a turn may wait before it is refused with `timeout`; `None`: no bound.
+    #[getter(queue_timeout_s)]
+    fn get_queue_timeout_s(&self) -> PyResult<Option<f64>> {
+        guard(|| Ok(self.queue_timeout().map(|d| d.as_secs_f64())))
     }
 
     /// Whether in flight is at the ceiling (never with no ceiling).
     #[getter]
     fn saturated(&self) -> PyResult<bool> {
         guard(|| {
-            let max = self.limits.max_concurrent_runs;
+            let max = self.max_concurrent_runs();
             Ok(max > 0 && self.core.stats(now).in_flight >= u64::from(max))
         })
     }
@@ -341,11 +660,12 @@ impl PyAdmissionGate {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         guard(|| {
             let s = self.core.stats(now);
+            let limits = self.core.limits();
             let max_rss_mb = self.resources.max_rss_mb(py);
             let d = PyDict::new(py);
-            d.set_item("max_concurrent_runs", self.limits.max_concurrent_runs)?;
-            d.set_item("max_concurrent_runs_per_scope", self.limits.max_per_scope)?;
-            d.set_item("queue_depth", self.limits.queue_depth)?;
+            d.set_item("max_concurrent_runs", limits.max_concurrent_runs)?;
+            d.set_item("max_concurrent_runs_per_scope", limits.max_per_scope)?;
+            d.set_item("queue_depth", limits.queue_depth)?;
             d.set_item("in_flight", s.in_flight)?;
             d.set_item("queued", s.queued)?;
             d.set_item("awaiting_human", s.awaiting_human)?;
@@ -389,10 +709,7 @@ impl PyAdmissionGate {
     ) -> PyResult<()> {
         guard(|| {
             let name = transport.cast::<PyString>().map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "transport must be a str, got {}",
-                    transport.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
+                PyTypeError::new_err(format!("transport must be a str, got {}", repr(transport)))
             })?;
             let label = self
                 .core
@@ -481,13 +798,14 @@ impl PyAdmissionGate {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         guard(|| {
             let s = self.core.stats(now);
+            let limits = self.core.limits();
             Ok(format!(
                 "<AdmissionGate enabled={} max_concurrent_runs={} queue_depth={} overflow_policy={:?} max_concurrent_runs_per_scope={} in_flight={} queued={}>",
                 if self.is_enabled(py) { "True" } else { "False" },
-                self.limits.max_concurrent_runs,
-                self.limits.queue_depth,
-                self.limits.overflow.as_str(),
-                self.limits.max_per_scope,
+                limits.max_concurrent_runs,
+                limits.queue_depth,
+                limits.overflow.as_str(),
+                limits.max_per_scope,
                 s.in_flight,
                 s.queued
             ))

@@ -4,6 +4,7 @@
 mod admission;
 mod args;
 mod awaitables;
+mod blocking;
 mod errors;
 mod fork;
 mod gate;
@@ -22,7 +23,7 @@ mod _admitgate {
     #[pymodule_export]
     use super::admission::Admission;
     #[pymodule_export]
-    use super::awaitables::{Ready, Wait};
+    use super::awaitables::{QueueTimer, Ready, Wait};
     #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]

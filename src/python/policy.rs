@@ -2,6 +2,8 @@
 //! Python with the reference's signatures. The gate does not call these methods on its fast
 //! path: it recognises its own policies and decides in Rust.
 
+use std::time::Duration;
+
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
@@ -79,14 +81,16 @@ pub fn decision_from(value: &Bound<'_, PyAny>) -> Option<Decision> {
 )]
 pub struct PyConcurrencyLimitPolicy {
     pub limit: ConcurrencyLimit,
+    /// How long a turn may wait before it is refused with `timeout`; `None`: no bound.
+    pub queue_timeout: Option<Duration>,
 }
 
 #[pymethods]
 impl PyConcurrencyLimitPolicy {
     #[new]
     #[pyo3(
-        signature = (max_concurrent_runs=Arg(None), queue_depth=Arg(None), overflow_policy=Arg(None), max_concurrent_runs_per_scope=Arg(None)),
-        text_signature = "(max_concurrent_runs=0, queue_depth=0, overflow_policy='reject', max_concurrent_runs_per_scope=0)"
+        signature = (max_concurrent_runs=Arg(None), queue_depth=Arg(None), overflow_policy=Arg(None), max_concurrent_runs_per_scope=Arg(None), queue_timeout_s=Arg(None)),
+        text_signature = "(max_concurrent_runs=0, queue_depth=0, overflow_policy='reject', max_concurrent_runs_per_scope=0, queue_timeout_s=None)"
     )]
     fn new(
         py: Python<'_>,
@@ -94,6 +98,7 @@ impl PyConcurrencyLimitPolicy {
         queue_depth: Arg,
         overflow_policy: Arg,
         max_concurrent_runs_per_scope: Arg,
+        queue_timeout_s: Arg,
     ) -> PyResult<Self> {
         guard(|| {
             Ok(Self {
@@ -104,8 +109,15 @@ impl PyConcurrencyLimitPolicy {
                     max_per_scope: max_concurrent_runs_per_scope
                         .count(py, "max_concurrent_runs_per_scope")?,
                 },
+                queue_timeout: queue_timeout_s.timeout(py, "queue_timeout_s")?,
             })
         })
+    }
+
+    /// Seconds a turn may wait before it is refused with `timeout`; `None`: no bound.
+    #[getter]
+    fn queue_timeout_s(&self) -> PyResult<Option<f64>> {
+        guard(|| Ok(self.queue_timeout.map(|d| d.as_secs_f64())))
     }
 
     /// Ceiling on concurrent runs; 0 disables admission control.
@@ -190,14 +202,19 @@ impl PyConcurrencyLimitPolicy {
             l.queue_depth,
             l.overflow.as_str(),
             l.max_per_scope,
+            slf.get().queue_timeout.map(|d| d.as_secs_f64()),
         )
             .into_pyobject(slf.py())?;
         reduce(slf.as_any(), args)
     }
 
     fn __repr__(&self) -> String {
+        let timeout = match self.queue_timeout {
+            Some(t) => format!(", queue_timeout_s={:?}", t.as_secs_f64()),
+            None => String::new(),
+        };
         format!(
-            "ConcurrencyLimitPolicy(max_concurrent_runs={}, queue_depth={}, overflow_policy={:?}, max_concurrent_runs_per_scope={})",
+            "ConcurrencyLimitPolicy(max_concurrent_runs={}, queue_depth={}, overflow_policy={:?}, max_concurrent_runs_per_scope={}{timeout})",
             self.limit.max_concurrent_runs,
             self.limit.queue_depth,
             self.limit.overflow.as_str(),

@@ -8,11 +8,11 @@
 //! while Python runs, so a policy property that releases the GIL cannot deadlock a thread
 //! replacing the sampler.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -68,8 +68,11 @@ impl Resources {
 pub struct ResourceGate {
     /// Which path applies, readable without a lock.
     mode: AtomicU8,
-    /// admitgate's own ladder and the built-in sampler, for [`MODE_NATIVE`].
-    native: Option<(MemoryPressure, Arc<RssSampler>)>,
+    /// The built-in sampler the gate made for itself, for [`MODE_NATIVE`].
+    native_sampler: OnceLock<Arc<RssSampler>>,
+    /// admitgate's own ladder (soft, hard, as `f64` bits), for [`MODE_NATIVE`]: atomics so
+    /// `reconfigure` can change it without a lock on the hot path.
+    native_ladder: [AtomicU64; 2],
     config: Mutex<Arc<Resources>>,
     warned: AtomicBool,
 }
@@ -117,25 +120,78 @@ impl ResourceGate {
             (None, Some(_)) => Sampler::Builtin(Py::new(py, PyRssSampler::new())?),
             (None, None) => Sampler::None,
         };
-        let native = match (&policy, &sampler) {
-            (ResourcePolicy::Native(ladder), Sampler::Builtin(builtin)) => {
-                Some((*ladder, builtin.get().sampler.clone()))
-            }
-            _ => None,
-        };
-        let resources = Resources {
-            policy,
-            policy_object: resource_policy.map(Bound::unbind),
-            sampler,
-        };
         let gate = Self {
             mode: AtomicU8::new(MODE_OFF),
-            native,
+            native_sampler: OnceLock::new(),
+            native_ladder: [AtomicU64::new(0), AtomicU64::new(0)],
             config: Mutex::new(Arc::new(Resources::NONE)),
             warned: AtomicBool::new(false),
         };
-        gate.install(resources);
+        if let (ResourcePolicy::Native(_), Sampler::Builtin(builtin)) = (&policy, &sampler) {
+            let _ = gate.native_sampler.set(builtin.get().sampler.clone());
+        }
+        gate.install(Resources {
+            policy,
+            policy_object: resource_policy.map(Bound::unbind),
+            sampler,
+        });
         Ok(gate)
+    }
+
+    fn native_ladder(&self) -> MemoryPressure {
+        MemoryPressure {
+            soft_rss_mb: f64::from_bits(self.native_ladder[0].load(Ordering::Relaxed)),
+            hard_rss_mb: f64::from_bits(self.native_ladder[1].load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Checks that `max_rss_mb` can be changed: memory-aware admission is admitgate's own
+    /// ladder, or off. A custom resource policy's thresholds are its own.
+    pub fn check_reconfigurable(&self) -> PyResult<()> {
+        if let ResourcePolicy::Foreign(p) = &self.snapshot().policy {
+            return Err(PyValueError::new_err(format!(
+                "max_rss_mb cannot be reconfigured: the gate's resource_policy is a custom object ({}); rebuild the gate or change that policy",
+                Python::attach(|py| p.bind(py).repr().map(|r| r.to_string()).unwrap_or_default())
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets the hard RSS ceiling (MiB) of admitgate's own ladder, keeping its soft ratio
+    /// (0.9 for a gate that had none); 0 turns memory-aware admission off. The caller has
+    /// validated the value and called [`ResourceGate::check_reconfigurable`].
+    pub fn set_max_rss_mb(&self, py: Python<'_>, max_rss_mb: f64) -> PyResult<()> {
+        let current = self.snapshot();
+        let ratio = match &current.policy {
+            ResourcePolicy::Native(ladder) if ladder.hard_rss_mb > 0.0 => {
+                ladder.soft_rss_mb / ladder.hard_rss_mb
+            }
+            _ => 0.9,
+        };
+        let ladder = MemoryPressure::from_ceiling(max_rss_mb, ratio)
+            .map_err(|err| PyValueError::new_err(err.describe(&max_rss_mb.to_string())))?;
+        let sampler = match &current.sampler {
+            Sampler::None => {
+                let builtin = Py::new(py, PyRssSampler::new())?;
+                let _ = self.native_sampler.set(builtin.get().sampler.clone());
+                Sampler::Builtin(builtin)
+            }
+            Sampler::Builtin(s) => Sampler::Builtin(s.clone_ref(py)),
+            Sampler::Foreign(s) => Sampler::Foreign(s.clone_ref(py)),
+        };
+        let (policy, policy_object) = match ladder {
+            Some(ladder) => {
+                let object = Py::new(py, PyMemoryPressurePolicy { ladder })?.into_any();
+                (ResourcePolicy::Native(ladder), Some(object))
+            }
+            None => (ResourcePolicy::None, None),
+        };
+        self.install(Resources {
+            policy,
+            policy_object,
+            sampler,
+        });
+        Ok(())
     }
 
     /// The current configuration (the lock is held only to clone the `Arc`).
@@ -148,10 +204,18 @@ impl ResourceGate {
         let mode = match (&resources.policy, &resources.sampler) {
             (ResourcePolicy::None, _) | (_, Sampler::None) => MODE_OFF,
             (ResourcePolicy::Native(ladder), _) if !ladder.enabled() => MODE_OFF,
-            (ResourcePolicy::Native(_), Sampler::Builtin(sampler)) => match &self.native {
-                Some((_, ours)) if Arc::ptr_eq(ours, &sampler.get().sampler) => MODE_NATIVE,
-                _ => MODE_DYNAMIC,
-            },
+            (ResourcePolicy::Native(ladder), Sampler::Builtin(sampler)) => {
+                match self.native_sampler.get() {
+                    Some(ours) if Arc::ptr_eq(ours, &sampler.get().sampler) => {
+                        self.native_ladder[0]
+                            .store(ladder.soft_rss_mb.to_bits(), Ordering::Relaxed);
+                        self.native_ladder[1]
+                            .store(ladder.hard_rss_mb.to_bits(), Ordering::Relaxed);
+                        MODE_NATIVE
+                    }
+                    _ => MODE_DYNAMIC,
+                }
+            }
             _ => MODE_DYNAMIC,
         };
         let previous = {
@@ -193,8 +257,8 @@ impl ResourceGate {
         match self.mode.load(Ordering::Relaxed) {
             MODE_OFF => return Decision::Admit,
             MODE_NATIVE => {
-                if let Some((ladder, sampler)) = &self.native {
-                    return ladder.evaluate(read_builtin(py, sampler));
+                if let Some(sampler) = self.native_sampler.get() {
+                    return self.native_ladder().evaluate(read_builtin(py, sampler));
                 }
             }
             _ => {}

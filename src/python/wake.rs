@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -39,6 +39,22 @@ pub struct Core {
     epoch: AtomicU64,
     /// Per-transport counters (what callers of each front door experienced).
     pub transports: Transports,
+    /// Set once the gate is closing, so releases check for a finished drain without taking
+    /// the gate's lock otherwise.
+    closing: AtomicBool,
+    /// Who waits for the last running turn of a closing gate to end.
+    drain_waiters: Mutex<Vec<DrainWaiter>>,
+}
+
+/// A caller of `close()` or `close_sync()` waiting for the running turns to end.
+pub enum DrainWaiter {
+    /// An asyncio future, resolved on its loop.
+    Loop {
+        fut: Py<PyAny>,
+        event_loop: Py<PyAny>,
+    },
+    /// A thread blocked in `close_sync`.
+    Thread(Arc<ThreadSignal>),
 }
 
 /// How often arrivals that find no free slot look for turns stranded on closed loops.
@@ -62,6 +78,64 @@ impl Core {
             warned_closed_loop: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             transports: Transports::default(),
+            closing: AtomicBool::new(false),
+            drain_waiters: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Closes the gate (see [`crate::core::GateState::close`]): returns how many waiters were
+    /// refused, and notifies drain waiters if nothing runs.
+    pub fn begin_close(&self, py: Python<'_>) -> u64 {
+        self.closing.store(true, Ordering::Release);
+        let (refused, wakes) = self.gate.close();
+        wakes.run();
+        self.after_release(py);
+        refused
+    }
+
+    /// Whether `close()` was called.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Registers a drain waiter; `false` (not registered) when nothing runs any more.
+    pub fn add_drain_waiter(&self, waiter: DrainWaiter) -> bool {
+        let mut waiters = self.drain_waiters.lock();
+        // Checked under the waiters' lock: a release that empties the gate after this check
+        // takes the same lock to notify, so it sees this waiter.
+        if self.gate.running().0 == 0 {
+            return false;
+        }
+        waiters.push(waiter);
+        true
+    }
+
+    /// Called after a slot is returned: once a closing gate has nothing running, every
+    /// drain waiter is notified (outside the waiters' lock).
+    pub fn after_release(&self, py: Python<'_>) {
+        if !self.is_closing() {
+            return;
+        }
+        let waiters = {
+            let mut waiters = self.drain_waiters.lock();
+            if waiters.is_empty() || self.gate.running().0 > 0 {
+                return;
+            }
+            std::mem::take(&mut *waiters)
+        };
+        for waiter in waiters {
+            match waiter {
+                DrainWaiter::Thread(signal) => signal.notify(),
+                DrainWaiter::Loop { fut, event_loop } => {
+                    let Ok(resolve) = pyo3::wrap_pyfunction!(_resolve_waiter, py) else {
+                        continue;
+                    };
+                    // A closed loop has nobody left to tell.
+                    let _ = event_loop
+                        .bind(py)
+                        .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (resolve, fut));
+                }
+            }
         }
     }
 
@@ -118,6 +192,7 @@ impl Core {
             if closed {
                 self.delivered(key);
                 self.gate.cancel(key).1.run();
+                self.after_release(py);
             }
         }
     }
@@ -200,8 +275,46 @@ pub fn mailbox_for(event_loop: &Bound<'_, PyAny>) -> Option<Py<LoopMailbox>> {
     Some(mailbox)
 }
 
-/// Wakes one waiting turn by resolving its future on its own event loop.
-pub struct PyWaker {
+/// Wakes one waiting turn: an async turn by resolving its future on its own event loop, a
+/// turn blocked in `admit_sync` by signalling its thread.
+pub enum PyWaker {
+    Loop(LoopWaker),
+    Thread(Arc<ThreadSignal>),
+}
+
+/// A flag a blocked thread waits on, set by whoever settles its turn. Waiting releases the
+/// GIL; setting it never needs the GIL.
+#[derive(Default)]
+pub struct ThreadSignal {
+    set: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl ThreadSignal {
+    /// Sets the flag and wakes the thread.
+    pub fn notify(&self) {
+        *self.set.lock() = true;
+        self.cond.notify_all();
+    }
+
+    /// Waits until the flag is set or `timeout` passes; whether it is set. The caller has
+    /// released the GIL, and nothing that sets the flag needs it, so this cannot deadlock.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut set = self.set.lock();
+        if !*set {
+            self.cond.wait_for(&mut set, timeout);
+        }
+        *set
+    }
+
+    /// Whether the flag is set.
+    pub fn is_set(&self) -> bool {
+        *self.set.lock()
+    }
+}
+
+/// Wakes an async turn by resolving its future on its own event loop.
+pub struct LoopWaker {
     pub fut: Py<PyAny>,
     pub event_loop: Py<PyAny>,
     pub mailbox: Option<Py<LoopMailbox>>,
@@ -211,7 +324,7 @@ pub struct PyWaker {
     pub core: Arc<Core>,
 }
 
-impl PyWaker {
+impl LoopWaker {
     fn wake_on_loop(&self, py: Python<'_>) -> PyResult<bool> {
         let fut = self.fut.bind(py);
         let event_loop = self.event_loop.bind(py);
@@ -262,6 +375,18 @@ impl PyWaker {
 
 impl Waker for PyWaker {
     fn wake(self) -> Wakes<Self> {
+        match self {
+            PyWaker::Loop(waker) => waker.wake(),
+            PyWaker::Thread(signal) => {
+                signal.notify();
+                Wakes::default()
+            }
+        }
+    }
+}
+
+impl LoopWaker {
+    fn wake(self) -> Wakes<PyWaker> {
         Python::attach(|py| {
             // Recorded before the wake-up can run, so the turn's claim always finds (and
             // removes) the record.

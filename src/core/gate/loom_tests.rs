@@ -95,12 +95,10 @@ fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) 
             let flag = Flag::new();
             let (registered, _) = g.register(key, flag.clone());
             if cancel_if_queued {
-                let (cancelled, wakes) = g.cancel(key);
+                let (_, wakes) = g.cancel(key);
                 wakes.run();
-                return match cancelled {
-                    Cancelled::AlreadyShed => End::Shed,
-                    _ => End::Cancelled,
-                };
+                // Withdrawn, or evicted first without seeing it: either way a cancellation.
+                return End::Cancelled;
             }
             if registered == Registered::Waiting {
                 flag.wait();
@@ -109,7 +107,7 @@ fn turn_with_borrows(g: &G, scope: &str, cancel_if_queued: bool, borrowed: u64) 
             wakes.run();
             match claim {
                 Claim::Admitted(key) => TurnSlot::new(key),
-                Claim::Shed(_) => return End::Shed,
+                Claim::Refused(Rejection::Shed, _) => return End::Shed,
                 other => panic!("woken but {other:?}"),
             }
         }
@@ -242,7 +240,7 @@ fn loom_shed_oldest_eviction_races_release() {
                 TurnSlot::new(key).close(&g, None).run();
                 End::Ran
             }
-            Claim::Shed(_) => End::Shed,
+            Claim::Refused(Rejection::Shed, _) => End::Shed,
             Claim::Waiting => {
                 // The newcomer ran first and holds the slot; the victim is next.
                 let flag = Flag::new();
@@ -256,7 +254,7 @@ fn loom_shed_oldest_eviction_races_release() {
                         TurnSlot::new(key).close(&g, None).run();
                         End::Ran
                     }
-                    Claim::Shed(_) => End::Shed,
+                    Claim::Refused(Rejection::Shed, _) => End::Shed,
                     other => panic!("{other:?}"),
                 }
             }

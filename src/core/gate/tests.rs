@@ -135,7 +135,7 @@ fn shed_oldest_evicts_the_oldest_live_waiter() {
     let (k2, _) = queue(&g, "");
     let (k3, _) = queue(&g, "");
     assert_eq!(w1.woken(), 1, "the evicted waiter is woken");
-    assert!(matches!(claim(&g, k1), Claim::Shed(_)));
+    assert!(matches!(claim(&g, k1), Claim::Refused(Rejection::Shed, _)));
     let s = stats(&g);
     assert_eq!((s.queued, s.shed, s.rejected), (2, 1, 0));
     close(&g, &a);
@@ -214,7 +214,7 @@ fn shed_oldest_evicts_within_the_full_tenant_lane() {
     let _a = admit(&g, "a");
     let (a1, _) = queue(&g, "a");
     let (a2, _) = queue(&g, "a"); // evicts a1, not the globally oldest o1
-    assert!(matches!(claim(&g, a1), Claim::Shed(_)));
+    assert!(matches!(claim(&g, a1), Claim::Refused(Rejection::Shed, _)));
     assert_eq!(claim(&g, o1), Claim::Waiting);
     assert_eq!(claim(&g, a2), Claim::Waiting);
 }
@@ -357,7 +357,10 @@ fn soft_pressure_shed_oldest_evicts_only_turns_in_the_depth() {
         arrive(&s, "", Decision::Queue),
         Arrival::Queued(_)
     ));
-    assert!(matches!(claim(&s, victim), Claim::Shed(_)));
+    assert!(matches!(
+        claim(&s, victim),
+        Claim::Refused(Rejection::Shed, _)
+    ));
     assert_eq!(claim(&s, held_back), Claim::Waiting);
 }
 
@@ -562,7 +565,7 @@ fn random_walk_keeps_every_invariant() {
                             waiting.swap_remove(i);
                             running.push(TurnSlot::new(key));
                         }
-                        (Claim::Shed(_), _) => {
+                        (Claim::Refused(Rejection::Shed, _), _) => {
                             waiting.swap_remove(i);
                         }
                         _ => {}
