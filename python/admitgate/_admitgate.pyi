@@ -3,12 +3,13 @@
 Hand-written; checked against the built module by ``python -m mypy.stubtest``.
 """
 
-from collections.abc import Generator
+from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, Final, Literal, final
 
 from typing_extensions import disjoint_base
 
+from ._drain import DrainReport
 from ._types import ResourceSample
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "HumanWait",
     "HumanWaitFactory",
     "LoopMailbox",
+    "QueueTimer",
     "AdmissionGate",
     "RssSampler",
     "Ready",
@@ -66,7 +68,12 @@ class ConcurrencyLimitPolicy:
         queue_depth: int | float | str = 0,
         overflow_policy: str | None = "reject",
         max_concurrent_runs_per_scope: int | float | str = 0,
+        queue_timeout_s: float | None = None,
     ) -> ConcurrencyLimitPolicy: ...
+    @property
+    def queue_timeout_s(self) -> float | None:
+        """Seconds a turn may wait before it is refused with ``timeout``; ``None``: no
+        bound (the reference has none)."""
     @property
     def max_concurrent_runs(self) -> int:
         """Ceiling on concurrent runs; 0 disables admission control."""
@@ -161,14 +168,71 @@ class AdmissionGate:
         resource_policy: Any | None = None,
         resource_sampler: Any | None = None,
     ) -> AdmissionGate: ...
-    def admit(self, *, session_id: object = "", transport: str = "direct") -> Admission:
+    def admit(
+        self,
+        *,
+        session_id: object = "",
+        transport: str = "direct",
+        on_queued: Callable[[int, float | None], object] | None = None,
+    ) -> Admission:
         """One turn's passage: ``async with gate.admit(session_id=user):``. Raises
         ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting.
 
         ``session_id`` is the tenant key (a str as is, ``None`` as ``""``, anything else by
         its ``str()``, as the reference accepts). ``transport`` names the front door the turn
         came through, for :meth:`transport_stats` and the metrics: 1 to 32 characters of
-        ``[a-z0-9_]``, not ``"passthrough"``; a gate keeps at most :data:`MAX_TRANSPORTS`."""
+        ``[a-z0-9_]``, not ``"passthrough"``; a gate keeps at most :data:`MAX_TRANSPORTS`.
+        ``on_queued(position, estimated_wait_s)`` is called once if the turn has to wait
+        (see :attr:`Admission.position`); an exception from it withdraws the turn and
+        propagates."""
+    def admit_sync(
+        self,
+        *,
+        session_id: object = "",
+        transport: str = "direct",
+        timeout: float | None = None,
+        on_queued: Callable[[int, float | None], object] | None = None,
+    ) -> Admission:
+        """One turn from a worker thread: ``with gate.admit_sync(session_id=user):``. Shares
+        the slots, queues and FIFO order of async turns; waits without holding the GIL, at
+        most ``timeout`` seconds and at most ``queue_timeout_s`` (the smaller wins; refused
+        with reason ``timeout``). Raises ``RuntimeError`` at once on a thread running an
+        event loop (waiting there would block that loop)."""
+    def reconfigure(
+        self,
+        *,
+        max_concurrent_runs: int | float | str = ...,
+        queue_depth: int | float | str = ...,
+        overflow_policy: str | None = ...,
+        max_concurrent_runs_per_scope: int | float | str = ...,
+        max_rss_mb: float | None = ...,
+        queue_timeout_s: float | None = ...,
+    ) -> int:
+        """Change any subset of the limits while the gate runs, validated as at
+        construction (a bad value changes nothing). Lowering the ceiling never cancels a
+        running turn; raising it starts waiting turns at once; shrinking the queue refuses
+        the newest waiters of each lane past the new depth (``queue_full``) except under the
+        ``queue`` policy. Returns how many waiters were refused."""
+    def scope_stats(self) -> dict[str, dict[str, int]]:
+        """``{tenant: {"in_flight": n, "queued": n}}`` for tenants with turns running or
+        waiting; empty when per-tenant limits are off."""
+    def close(self, drain_timeout: float | None = None) -> Coroutine[Any, Any, DrainReport]:
+        """Drain: stop admitting (``closing``), refuse every queued turn at once, never
+        cancel a running one, wait up to ``drain_timeout`` seconds for running turns to
+        end. Returns a :class:`DrainReport`; a closed gate stays closed."""
+    def close_sync(self, drain_timeout: float | None = None) -> DrainReport:
+        """:meth:`close` for threaded code: blocks without the GIL."""
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or :meth:`close_sync`) was called."""
+    @property
+    def queue_timeout_s(self) -> float | None:
+        """Seconds a turn may wait before it is refused with ``timeout``; ``None``: no
+        bound."""
+    def _begin_close(self) -> tuple[int, int]: ...
+    def _running(self) -> int: ...
+    def _drained_future(self) -> Any | None: ...
+    def _wait_drained(self, timeout: float | None = None) -> bool: ...
     @property
     def max_concurrent_runs(self) -> int:
         """The ceiling on concurrent runs (0: none)."""
@@ -244,7 +308,21 @@ class Admission:
     @property
     def active(self) -> bool:
         """Whether the turn is inside the gate (holding, or lending, its slot)."""
+    @property
+    def position(self) -> int | None:
+        """While the turn waits: how many turns would start before it (0: next); ``None``
+        otherwise. Computed on request."""
+    @property
+    def estimated_wait_s(self) -> float | None:
+        """While the turn waits: seconds until it may start at the recent release rate
+        (the estimator behind ``AdmissionRejected.retry_after``, unclamped); ``None``
+        otherwise or before the gate has any history."""
     def __aenter__(self) -> Ready | Wait: ...
+    def __enter__(self) -> Admission: ...
+    def __exit__(
+        self,
+        *_exc: type[BaseException] | BaseException | TracebackType | None,
+    ) -> bool: ...
     def __aexit__(
         self,
         *_exc: type[BaseException] | BaseException | TracebackType | None,
@@ -287,6 +365,12 @@ class HumanWait:
     def __exit__(self, *_exc: Any) -> bool: ...
     def __aenter__(self) -> Ready: ...
     def __aexit__(self, *_exc: Any) -> Ready: ...
+
+@final
+class QueueTimer:
+    """Refuses one waiting turn whose queue timeout ran out (scheduled on its loop)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None: ...
 
 @final
 class LoopMailbox:
