@@ -599,3 +599,98 @@ fn random_walk_keeps_every_invariant() {
         }
     }
 }
+
+#[test]
+fn close_refuses_waiters_and_newcomers_and_leaves_running_turns() {
+    let g = gate(1, 4, "reject", 0);
+    let a = admit(&g, "");
+    let (k1, w1) = queue(&g, "");
+    let (k2, _) = queue(&g, "");
+    let (refused, wakes) = g.close();
+    wakes.run();
+    g.check_invariants();
+    assert_eq!(refused, 2);
+    assert_eq!(w1.woken(), 1, "a refused waiter is woken");
+    assert_eq!(claim(&g, k1), Claim::Refused(Rejection::Closing, None));
+    // Cancelled before it saw the refusal: counted as cancelled instead.
+    assert_eq!(g.cancel(k2).0, Cancelled::AlreadyRefused);
+    assert_eq!(
+        arrive(&g, "", Decision::Admit),
+        Arrival::Rejected(Rejection::Closing, None)
+    );
+    assert_eq!(g.running(), (1, true));
+    close(&g, &a);
+    assert_eq!(g.running(), (0, true));
+    let s = stats(&g);
+    assert_eq!((s.admitted, s.rejected, s.cancelled), (1, 2, 1));
+}
+
+#[test]
+fn expire_and_grant_race_exactly_one_wins() {
+    let g = gate(1, 4, "reject", 0);
+    let a = admit(&g, "");
+    let (k1, _) = queue(&g, "");
+    let (k2, _) = queue(&g, "");
+    // k1 is granted first: its timeout finds nothing to do.
+    close(&g, &a);
+    assert!(!g.expire(k1).0);
+    assert_eq!(claim(&g, k1), Claim::Admitted(None));
+    // k2 times out first: a later release has nobody to grant.
+    let (expired, wakes) = g.expire(k2);
+    wakes.run();
+    g.check_invariants();
+    assert!(expired);
+    assert!(matches!(
+        claim(&g, k2),
+        Claim::Refused(Rejection::Timeout, Some(_))
+    ));
+    assert!(!g.expire(k2).0, "a settled key cannot time out twice");
+    let s = stats(&g);
+    assert_eq!(
+        (s.admitted, s.rejected, s.queued, s.in_flight),
+        (2, 1, 0, 1)
+    );
+}
+
+#[test]
+fn reconfigure_trims_each_lane_keeps_running_turns_and_fills_raised_ceilings() {
+    let g = gate(1, 4, "reject", 1);
+    let a = admit(&g, "t");
+    let _b = queue(&g, "t");
+    let (t2, _) = queue(&g, "t");
+    let (u1, _) = queue(&g, "u"); // blocked by the global ceiling, in its own lane
+    let (refused, wakes) = g.reconfigure(ConcurrencyLimit::new(1, 1, "reject", 1).unwrap());
+    wakes.run();
+    g.check_invariants();
+    assert_eq!(refused, 1);
+    assert!(matches!(
+        claim(&g, t2),
+        Claim::Refused(Rejection::QueueFull, Some(_))
+    ));
+    assert_eq!(stats(&g).in_flight, 1, "the running turn is untouched");
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(3, 1, "reject", 1).unwrap());
+    wakes.run();
+    g.check_invariants();
+    // u is granted at once; t stays at its per-tenant limit.
+    assert_eq!(claim(&g, u1), Claim::Admitted(Some(Arc::from("u"))));
+    assert_eq!(stats(&g).queued, 1);
+    close(&g, &a);
+    assert_eq!(stats(&g).in_flight, 2);
+}
+
+#[test]
+fn position_counts_older_waiters_and_granted_turns_and_scopes_are_reported() {
+    let g = gate(1, 8, "reject", 2);
+    let a = admit(&g, "x");
+    let (k1, _) = queue(&g, "x");
+    let (k2, _) = queue(&g, "y");
+    let (k3, _) = queue(&g, "x");
+    assert_eq!(g.place_in_line(k1, || T0).map(|p| p.0), Some(0));
+    assert_eq!(g.place_in_line(k3, || T0).map(|p| p.0), Some(2));
+    let mut scopes = g.scope_stats();
+    scopes.sort();
+    assert_eq!(scopes, vec![(Arc::from("x"), 1, 2), (Arc::from("y"), 0, 1)]);
+    close(&g, &a); // k1 granted, not yet claimed: it starts before the others
+    assert_eq!(g.place_in_line(k1, || T0), None);
+    assert_eq!(g.place_in_line(k2, || T0).map(|p| p.0), Some(1));
+}
