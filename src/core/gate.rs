@@ -769,13 +769,10 @@ impl<W> GateState<W> {
                 .chain(self.scopes.keys().cloned().map(Some))
                 .collect();
             for scope in lanes {
-                loop {
-                    let Some(state) = (match &scope {
-                        None => Some(&self.unscoped),
-                        Some(name) => self.scopes.get(name),
-                    }) else {
-                        break;
-                    };
+                while let Some(state) = match &scope {
+                    None => Some(&self.unscoped),
+                    Some(name) => self.scopes.get(name),
+                } {
                     if state.lane.len() - state.outside_depth <= depth {
                         break;
                     }

@@ -258,7 +258,7 @@ fn loom_shed_oldest_eviction_races_release() {
                     other => panic!("{other:?}"),
                 }
             }
-            Claim::Unknown => panic!("victim record lost"),
+            other => panic!("victim: {other:?}"),
         };
         let newcomer_end = newcomer.join().unwrap();
         settle(&g, &[End::Ran, victim_end, newcomer_end]);
