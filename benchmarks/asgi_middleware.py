@@ -137,14 +137,17 @@ class Server:
 # -- client side --------------------------------------------------------------------------------
 
 
-async def wait_ready(url: str) -> None:
+async def wait_ready(server: Server) -> None:
+    """Return once ``server`` answers; fail if its process died or it stays silent."""
     import httpx
 
     deadline = time.monotonic() + 20
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=2) as client:
         while True:
+            if server.process.poll() is not None:
+                raise RuntimeError(f"the {server.variant} server exited")
             try:
-                await client.get(url + "/custom")
+                await client.get(server.url + "/custom")
                 return
             except httpx.TransportError:
                 if time.monotonic() > deadline:
@@ -284,7 +287,7 @@ def main() -> None:
     servers = {variant: Server(variant) for variant in ("bare", "gated")}
     try:
         for server in servers.values():
-            asyncio.run(wait_ready(server.url))
+            asyncio.run(wait_ready(server))
         print(
             f"uvicorn (h11, asyncio) on loopback; trivial handler; {reps} interleaved reps; "
             f"throughput: {args.concurrency} httpx keep-alive clients x {seconds} s; "
