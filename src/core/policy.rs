@@ -123,7 +123,7 @@ impl ConfigError {
 
 impl ConfigError {
     /// The message, with the bad value shown as `shown` (the binding passes the caller's
-    /// own spelling of it, such as a Python `repr`).
+    /// own spelling of it, such as a Python `repr`; `Display` passes Rust's).
     pub fn describe(&self, shown: &str) -> String {
         let arg = self.arg();
         match self {
@@ -135,33 +135,30 @@ impl ConfigError {
             ConfigError::UnknownOverflow { .. } => format!(
                 "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {shown}"
             ),
-            ConfigError::Inverted { .. } => self.to_string(),
+            ConfigError::Inverted { soft, hard } => {
+                format!("soft_rss_mb ({soft:?}) must be <= hard_rss_mb ({hard:?})")
+            }
+        }
+    }
+
+    /// The bad value as Rust spells it.
+    fn value_text(&self) -> String {
+        match self {
+            ConfigError::Negative { value, .. } | ConfigError::TooLarge { value, .. } => {
+                value.to_string()
+            }
+            ConfigError::NegativeThreshold { value, .. } | ConfigError::NotFinite { value, .. } => {
+                format!("{value:?}")
+            }
+            ConfigError::UnknownOverflow { value } => format!("{value:?}"),
+            ConfigError::Inverted { soft, .. } => format!("{soft:?}"),
         }
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigError::Negative { arg, value } => write!(f, "{arg} must be >= 0, got {value}"),
-            ConfigError::TooLarge { arg, value } => {
-                write!(f, "{arg} must be <= {MAX_COUNT}, got {value}")
-            }
-            ConfigError::NegativeThreshold { arg, value } => {
-                write!(f, "{arg} must be >= 0, got {value:?}")
-            }
-            ConfigError::NotFinite { arg, value } => {
-                write!(f, "{arg} must be a finite number, got {value:?}")
-            }
-            ConfigError::Inverted { soft, hard } => write!(
-                f,
-                "soft_rss_mb ({soft:?}) must be <= hard_rss_mb ({hard:?})"
-            ),
-            ConfigError::UnknownOverflow { value } => write!(
-                f,
-                "overflow_policy must be one of ('reject', 'queue', 'shed_oldest'), got {value:?}"
-            ),
-        }
+        f.write_str(&self.describe(&self.value_text()))
     }
 }
 
