@@ -483,3 +483,18 @@ def test_scope_stats_after_bursts_and_idle_tenants_are_forgotten():
             assert off.scope_stats() == {}
 
     run(scenario())
+
+
+def test_a_closed_gate_refuses_even_when_it_has_no_limits():
+    async def scenario():
+        gate = admitgate.AdmissionGate(None)  # no ceiling, no memory policy: counts nothing
+        async with gate.admit():
+            pass
+        report = await gate.close(drain_timeout=0)
+        assert report == admitgate.DrainReport(0, 0, 0)
+        with pytest.raises(admitgate.AdmissionRejected) as info:
+            async with gate.admit():
+                pass
+        assert info.value.reason == "closing" and gate.rejected == 1
+
+    run(scenario())

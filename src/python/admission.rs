@@ -168,7 +168,8 @@ impl Admission {
         }
         let gate = this.gate.get();
         let transports = &gate.core.transports;
-        if !gate.is_enabled(py) {
+        // A disabled gate lets turns through uncounted; once closing, the core refuses them.
+        if !gate.is_enabled(py) && !gate.core.is_closing() {
             *this.state.lock() = AdmissionState::PassThrough;
             transports.admitted(this.transport);
             return Ok(Arrived::Running);
