@@ -23,7 +23,8 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use _admitgate::core::{
-    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Registered, TurnSlot, WaiterKey, Waker, Wakes,
+    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Registered, Rejection, TurnSlot, WaiterKey,
+    Waker, Wakes,
 };
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -101,7 +102,7 @@ fn handoff(c: &mut Criterion) {
             let (registered, _) = gate.register(key, Noop);
             debug_assert_eq!(registered, Registered::Waiting);
             holder.close(&gate, None).run();
-            let (claim, wakes) = gate.claim(key);
+            let (claim, wakes) = gate.claim(key, || T0);
             wakes.run();
             match claim {
                 Claim::Admitted(scope) => holder = TurnSlot::new(scope),
@@ -136,9 +137,9 @@ fn shed_oldest(c: &mut Criterion) {
                 let _ = gate.register(key, Noop);
                 keys.push_back(key);
                 let victim = keys.pop_front().expect("a victim");
-                let (claim, wakes) = gate.claim(victim);
+                let (claim, wakes) = gate.claim(victim, || T0);
                 wakes.run();
-                debug_assert_eq!(claim, Claim::Shed);
+                debug_assert!(matches!(claim, Claim::Refused(Rejection::Shed, _)));
                 black_box(claim);
             })
         });
@@ -157,7 +158,7 @@ fn turn_parked(gate: &Gate<Unpark>) {
             let (registered, _) = gate.register(key, Unpark(thread::current()));
             let _ = registered;
             loop {
-                let (claim, wakes) = gate.claim(key);
+                let (claim, wakes) = gate.claim(key, || T0);
                 wakes.run();
                 match claim {
                     Claim::Admitted(scope) => break scope,
@@ -166,7 +167,7 @@ fn turn_parked(gate: &Gate<Unpark>) {
                 }
             }
         }
-        Arrival::Rejected(reason) => panic!("rejected: {reason:?}"),
+        Arrival::Rejected(reason, _) => panic!("rejected: {reason:?}"),
     };
     TurnSlot::new(scope).close(gate, None).run();
 }
