@@ -128,3 +128,28 @@ async def settle(rounds: int = 30) -> None:
     """Let every ready callback and task run (waiters wake, losers clean up)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Any:
+    """A real redis-server for the session: Debian's package (``scripts/redis-server`` installs
+    it when missing) on a free loopback port, without persistence. Yields a
+    ``fleet_support.RedisServer`` (``.url``, ``.client()``, ``.restart()``)."""
+    from fleet_support import RedisServer, redis_server_binary
+
+    server = RedisServer(redis_server_binary(), name="plain")
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_tls_server() -> Any:
+    """A TLS-only redis-server with a throwaway CA (``.ca_file``, made with the openssl CLI)
+    and a password (``.password``, in ``.url``)."""
+    from fleet_support import TLS_PASSWORD, RedisServer, redis_server_binary
+
+    server = RedisServer(redis_server_binary(), name="tls", tls=True, password=TLS_PASSWORD)
+    server.start()
+    yield server
+    server.close()

@@ -21,6 +21,8 @@ from ._admitgate import (
     MAX_TRANSPORTS,
     AdmissionGate,
     ConcurrencyLimitPolicy,
+    FleetLease,
+    FleetLimit,
     InternalError,
     MemoryPressurePolicy,
     RssSampler,
@@ -41,6 +43,8 @@ __all__ = [
     "AdmissionRejected",
     "ConcurrencyLimitPolicy",
     "DrainReport",
+    "FleetLease",
+    "FleetLimit",
     "InternalError",
     "MemoryPressurePolicy",
     "ResourceSample",
@@ -61,6 +65,7 @@ def __getattr__(name: str) -> Any:
 
 def _after_fork_in_child() -> None:
     _admitgate._reset_after_fork()
+    _admitgate._reset_fleet_after_fork()
     _admitgate._invalidate_samplers()
 
 

@@ -3,7 +3,8 @@
 Hand-written; checked against the built module by ``python -m mypy.stubtest``.
 """
 
-from collections.abc import Callable, Coroutine, Generator
+import os
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, Final, Literal, final
 
@@ -16,10 +17,12 @@ __all__ = [
     "DURATION_BUCKETS",
     "MAX_TRANSPORTS",
     "InternalError",
+    "_fleet_runtime_running",
     "_invalidate_samplers",
     "_panic_inside_gate",
     "_rejection_class",
     "_reset_after_fork",
+    "_reset_fleet_after_fork",
     "_resolve_waiter",
     "_set_rejection_class",
     "Admission",
@@ -33,6 +36,8 @@ __all__ = [
     "Wait",
     "ConcurrencyLimitPolicy",
     "MemoryPressurePolicy",
+    "FleetLimit",
+    "FleetLease",
     "__version__",
 ]
 
@@ -378,9 +383,119 @@ class LoopMailbox:
 
     def __call__(self, *args: Any, **kwargs: Any) -> None: ...
 
+@final
+class FleetLimit:
+    """A fleet-wide in-flight cap shared by every replica configured with the same ``key`` on
+    the same Redis (``redis://`` or ``rediss://``, credentials in the URL allowed).
+
+    Each admitted turn holds a lease in Redis, taken and released atomically with the Redis
+    server's time; a replica that dies loses its leases after ``lease_ttl_s``. Turns that find
+    no room wait in a fleet-wide FIFO and are woken over pub/sub when a lease frees anywhere.
+    ``on_backend_error`` says what admissions do while Redis is down: ``"local"`` admits (the
+    cap is not enforced meanwhile), ``"reject"`` refuses with reason ``fleet_unavailable``.
+    ``command_timeout_s`` defaults to 1 s, or half of ``lease_ttl_s`` when that is shorter.
+    Every argument is validated (``ValueError`` naming it); the password never appears in a
+    repr, an error or a log line. Building one starts no thread: admitgate's runtime starts
+    with the first call that talks to Redis.
+    """
+
+    def __new__(
+        cls,
+        url: str,
+        key: str,
+        max_in_flight: int,
+        *,
+        max_in_flight_per_scope: int | None = 0,
+        lease_ttl_s: float | None = 10.0,
+        on_backend_error: Literal["local", "reject"] | None = "local",
+        connect_timeout_s: float | None = 2.0,
+        command_timeout_s: float | None = 1.0,
+        replica_id: str | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+    ) -> FleetLimit: ...
+    @property
+    def url(self) -> str:
+        """The Redis URL with its password replaced by ``***``."""
+    @property
+    def key(self) -> str:
+        """The limit's name; its Redis keys carry the hash tag ``{key}``."""
+    @property
+    def max_in_flight(self) -> int:
+        """The cap for the whole fleet, as this replica enforces it."""
+    @property
+    def max_in_flight_per_scope(self) -> int:
+        """A tenant's slice of the fleet cap (0: off)."""
+    @property
+    def lease_ttl_s(self) -> float:
+        """How long a lease outlives its last renewal, in seconds."""
+    @property
+    def on_backend_error(self) -> Literal["local", "reject"]:
+        """What admissions do while Redis cannot be reached."""
+    @property
+    def connect_timeout_s(self) -> float:
+        """The bound on establishing a connection, in seconds."""
+    @property
+    def command_timeout_s(self) -> float:
+        """The bound on one command's round trip, in seconds."""
+    @property
+    def replica_id(self) -> str:
+        """This replica's name in lease ids (``<hostname>-<pid>`` unless given)."""
+    @property
+    def tls_ca_file(self) -> str | None:
+        """The CA file for a ``rediss://`` server with a private CA."""
+    @property
+    def backend_up(self) -> bool:
+        """Whether Redis answered the last call."""
+    def stats(self) -> dict[str, int]:
+        """Counters without a round trip: ``fleet_in_flight``, ``fleet_max_in_flight``,
+        ``fleet_backend_up`` (1/0), ``fleet_lease_lost``, ``fleet_borrowed``,
+        ``fleet_outages``, ``fleet_max_in_flight_per_scope``, ``fleet_waiting``,
+        ``fleet_lease_retaken``, ``fleet_replica_held``, ``fleet_replica_waiting``."""
+    def acquire(self, scope: object = "") -> Awaitable[FleetLease]:
+        """Waits for a lease in fleet-wide FIFO order (call inside a running event loop).
+        Cancelling the wait withdraws it. While Redis is down: a local lease, or
+        ``AdmissionRejected(reason="fleet_unavailable")`` with ``on_backend_error="reject"``."""
+    def try_acquire(self, scope: object = "") -> Awaitable[FleetLease | None]:
+        """A lease if one is free now (one round trip), else ``None``."""
+    def lend(self, lease: FleetLease) -> Awaitable[None]:
+        """Gives ``lease`` back while its turn waits for a person; resume with ``reclaim``."""
+    def reclaim(self, scope: object = "") -> Awaitable[FleetLease]:
+        """A lease for a resuming turn: taken if there is room, else borrowed over the cap
+        (``fleet_borrowed``, repaid by the next release in the fleet); never waits in line."""
+    def connect(self) -> Awaitable[None]:
+        """Checks that Redis answers; raises ``ConnectionError`` (without the password)."""
+    def shutdown(self) -> Awaitable[None]:
+        """Gives back every lease of this replica and stops its background tasks."""
+
+@final
+class FleetLease:
+    """One turn's share of a fleet-wide cap. Given back by ``await lease.release()``, or when
+    the object is garbage; a lease inherited across ``os.fork()`` is never given back by the
+    child."""
+
+    @property
+    def id(self) -> str:
+        """The lease id in Redis: ``<replica_id>#<instance nonce>#<n>``."""
+    @property
+    def scope(self) -> str:
+        """The scope (tenant) it counts against; ``""`` when none."""
+    @property
+    def reclaimed(self) -> Literal["taken", "borrowed", "borrowed_scope", "local"] | None:
+        """How ``reclaim`` got it; ``None`` for ``acquire``."""
+    @property
+    def released(self) -> bool:
+        """Whether this object no longer holds the lease."""
+    @property
+    def lost(self) -> bool:
+        """Whether the lease expired under its turn with no room to take it again."""
+    def release(self) -> Awaitable[None]:
+        """Gives the lease back; under way once called, idempotent."""
+
 def _rejection_class() -> type[Exception]: ...
 def _set_rejection_class(cls: type[Exception] | None) -> None: ...
 def _reset_after_fork() -> None: ...
+def _reset_fleet_after_fork() -> None: ...
+def _fleet_runtime_running() -> bool: ...
 def _invalidate_samplers() -> None: ...
 def _resolve_waiter(fut: Any) -> None: ...
 def _panic_inside_gate(gate: AdmissionGate) -> None: ...

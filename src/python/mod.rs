@@ -6,6 +6,7 @@ mod args;
 mod awaitables;
 mod blocking;
 mod errors;
+mod fleet;
 mod fork;
 mod gate;
 mod human_wait;
@@ -26,6 +27,10 @@ mod _admitgate {
     use super::awaitables::{QueueTimer, Ready, Wait};
     #[pymodule_export]
     use super::errors::InternalError;
+    #[pymodule_export]
+    use super::fleet::{
+        _fleet_runtime_running, _reset_fleet_after_fork, PyFleetLease, PyFleetLimit,
+    };
     #[pymodule_export]
     use super::fork::{_invalidate_samplers, _reset_after_fork};
     #[pymodule_export]

@@ -1,0 +1,33 @@
+//! The fleet-wide limit for Python: `admitgate.FleetLimit` and `admitgate.FleetLease`, over the
+//! pure-Rust lease protocol ([`admitgate_fleet`]) on a tokio runtime admitgate owns.
+//!
+//! * [`runtime`]: the runtime (lazy, one thread, rebuilt after `os.fork()`) and the asyncio
+//!   bridge (pyo3-async-runtimes' conversion on that runtime).
+//! * [`limit`]: `FleetLimit`, its validated settings and its awaitables.
+//! * [`lease`]: `FleetLease`, given back when released or dropped.
+//! * [`events`]: the protocol's events, logged on the `admitgate` logger.
+
+mod events;
+mod lease;
+mod limit;
+mod runtime;
+
+use pyo3::prelude::*;
+
+pub use lease::PyFleetLease;
+pub use limit::PyFleetLimit;
+
+/// In a freshly forked child: the parent's fleet runtime, limits and leases are forgotten (the
+/// child never gives back the parent's leases); each limit is rebuilt on first use. Called by
+/// the package's `os.register_at_fork(after_in_child=...)` hook.
+#[pyfunction]
+pub fn _reset_fleet_after_fork() {
+    runtime::reset_after_fork();
+}
+
+/// Whether admitgate's fleet runtime has started its thread in this process (for tests: a
+/// gate without `fleet=` never starts it).
+#[pyfunction]
+pub fn _fleet_runtime_running() -> bool {
+    runtime::is_running()
+}

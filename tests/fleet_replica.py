@@ -1,0 +1,117 @@
+"""One replica of an agent, for the fleet tests: a process with its own ``FleetLimit``.
+
+Started by ``fleet_support.Replica`` as ``python fleet_replica.py '<json config>'`` with
+``{"fleet": {FleetLimit keyword arguments}, "via": "limit", "gate": {}}``. It reads one JSON
+command per line on stdin and writes one JSON event per line on stdout:
+
+``{"cmd": "turns", "n": 10, "hold": 0.05, "scope": "", "delay": 0.0, "tag": "a"}``
+    starts ``n`` concurrent turns (after ``delay`` seconds), each holding a lease for ``hold``
+    seconds; writes ``{"event": "turns", "tag", "turns": [{"scope", "arrive", "start", "end"}]}``
+    once all have run (times are ``time.monotonic()``, one clock for every process on a host).
+``{"cmd": "hold", "n": 3, "scope": ""}``
+    takes ``n`` leases and keeps them; answers ``{"event": "held", "ids": [...]}``.
+``{"cmd": "release"}``
+    gives back the leases kept by ``hold``; answers ``{"event": "released"}``.
+``{"cmd": "stats"}``
+    answers ``{"event": "stats", "stats": {...}, "lost": [bool per kept lease]}``.
+``{"cmd": "exit"}``
+    exits.
+
+It writes ``{"event": "ready"}`` once Redis answered. Log records of the ``admitgate`` logger
+go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import admitgate
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Writes one event line on stdout."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+class ReplicaProcess:
+    """The replica's state: its limit and the leases ``hold`` keeps."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.limit = admitgate.FleetLimit(**config["fleet"])
+        self.kept: list[admitgate.FleetLease] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def turn(self, scope: str, hold: float) -> dict[str, Any]:
+        """One turn: wait for a lease, hold it for ``hold`` seconds, give it back."""
+        arrive = time.monotonic()
+        lease = await self.limit.acquire(scope)
+        start = time.monotonic()
+        await asyncio.sleep(hold)
+        end = time.monotonic()
+        await lease.release()
+        return {"scope": scope, "arrive": arrive, "start": start, "end": end}
+
+    async def turns(self, command: dict[str, Any]) -> None:
+        """Runs a batch of concurrent turns and reports them together."""
+        await asyncio.sleep(float(command.get("delay", 0.0)))
+        scope = str(command.get("scope", ""))
+        hold = float(command.get("hold", 0.05))
+        done = await asyncio.gather(*(self.turn(scope, hold) for _ in range(int(command["n"]))))
+        emit("turns", tag=command.get("tag", ""), turns=list(done))
+
+    async def handle(self, command: dict[str, Any]) -> bool:
+        """Acts on one command; ``False`` to exit."""
+        cmd = command["cmd"]
+        if cmd == "turns":
+            task = asyncio.ensure_future(self.turns(command))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif cmd == "hold":
+            scope = str(command.get("scope", ""))
+            leases = [await self.limit.acquire(scope) for _ in range(int(command["n"]))]
+            self.kept.extend(leases)
+            emit("held", ids=[lease.id for lease in leases])
+        elif cmd == "release":
+            for lease in self.kept:
+                await lease.release()
+            self.kept.clear()
+            emit("released")
+        elif cmd == "stats":
+            emit("stats", stats=self.limit.stats(), lost=[lease.lost for lease in self.kept])
+        elif cmd == "exit":
+            return False
+        else:
+            emit("error", message=f"unknown command {cmd!r}")
+        return True
+
+
+async def main(config: dict[str, Any]) -> None:
+    """Connects, says ready, then serves commands until ``exit`` or end of input."""
+    replica = ReplicaProcess(config)
+    await replica.limit.connect()
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    emit("ready", replica_id=replica.limit.replica_id)
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        try:
+            if not await replica.handle(json.loads(line)):
+                break
+        except Exception as exc:  # reported to the test, which fails with it
+            emit("error", message=repr(exc))
+    for task in list(replica.tasks):
+        task.cancel()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
+    asyncio.run(main(json.loads(sys.argv[1])))
