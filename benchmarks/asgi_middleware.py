@@ -2,17 +2,25 @@
 
 Run: ``.venv/bin/python benchmarks/asgi_middleware.py [--quick]``
 
-Two uvicorn servers (separate processes, one core's worth of work each when loaded) serve the
-same trivial ASGI handler, one bare and one behind ``admitgate.asgi.AdmissionMiddleware``
+Three uvicorn servers (separate processes) serve the same trivial ASGI handler: two bare
+(the second is a control) and one behind ``admitgate.asgi.AdmissionMiddleware``
 with a gate whose ceiling is never reached (so every gated request takes and returns a real
 slot). For each kind of request the script measures, in interleaved repetitions (bare, then
 middleware, then the other order, ...):
 
 - throughput: ``--concurrency`` httpx keep-alive clients in this process send requests
   back to back for ``--seconds``; requests/s;
-- latency: one keep-alive client sends requests one at a time; the median round trip.
+- latency: one keep-alive client sends requests one at a time; the median round trip;
+- raw throughput: the same number of raw HTTP/1.1 keep-alive sockets, one thread each,
+  which cost the client so little that the server is the bottleneck. On a small machine the
+  httpx clients share the cores with the server and are themselves the bottleneck, so their
+  requests/s mostly measure the client; the raw ratio is what the middleware costs a
+  saturated server;
+- the A/A ratio: the raw throughput of a second, identical bare server against the first,
+  measured the same way. It should be 1.000; how far it is from that is the machine's noise,
+  against which the raw ratio has to be read.
 
-It prints medians over the repetitions, the throughput ratio (middleware / bare) and the
+It prints medians over the repetitions, the throughput ratios (middleware / bare) and the
 latency the middleware adds per request. Last, it times the middleware in-process (ASGI
 calls with no server or network) to give its CPU cost per request directly, split into the
 gate's own calls (the native ``admit`` / ``record_request``, timed alone) and the rest, the
@@ -54,6 +62,7 @@ KINDS: dict[str, tuple[str, str, bytes | None]] = {
     "rest": ("POST", "/message:send", REST_BODY),
     "passthrough": ("GET", "/custom", None),
 }
+VARIANTS = ("bare", "gated", "control")
 REPLY = b'{"jsonrpc":"2.0","id":1,"result":{}}'
 REPLY_HEADERS = [
     (b"content-type", b"application/json"),
@@ -156,7 +165,7 @@ async def wait_ready(server: Server) -> None:
 
 
 async def throughput(url: str, kind: str, concurrency: int, seconds: float) -> float:
-    """Requests/s with ``concurrency`` keep-alive clients sending back to back."""
+    """Requests/s with ``concurrency`` httpx keep-alive clients sending back to back."""
     import httpx
 
     method, path, body = KINDS[kind]
@@ -180,6 +189,52 @@ async def throughput(url: str, kind: str, concurrency: int, seconds: float) -> f
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return done / (time.perf_counter() - started)
+
+
+def raw_throughput(server: Server, kind: str, connections: int, seconds: float) -> float:
+    """Requests/s with ``connections`` raw HTTP/1.1 keep-alive sockets, one thread each.
+
+    A thread costs little CPU per request (a send and a recv; the GIL is released while it
+    waits), so the server, not the client, is the bottleneck: this is the server's capacity.
+    """
+    import threading
+
+    method, path, body = KINDS[kind]
+    payload = body or b""
+    request = (
+        f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+    host, port = server.sock.getsockname()
+    counts = [0] * connections
+    start = threading.Barrier(connections + 1)
+    stop_at = [0.0]
+
+    def client(index: int) -> None:
+        with socket.create_connection((host, port)) as conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            start.wait()
+            done = 0
+            while time.perf_counter() < stop_at[0]:
+                conn.sendall(request)
+                data = b""
+                while not data.endswith(REPLY):  # the reply is fixed: its end marks the end
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        raise RuntimeError("the server closed the connection")
+                    data += chunk
+                done += 1
+            counts[index] = done
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    stop_at[0] = time.perf_counter() + seconds
+    started = time.perf_counter()
+    start.wait()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.perf_counter() - started)
 
 
 async def latency(url: str, kind: str, count: int) -> float:
@@ -266,8 +321,8 @@ def in_process(kind: str, calls: int) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and shorter repetitions")
-    parser.add_argument("--reps", type=int, help="interleaved repetitions (default 7; quick 3)")
-    parser.add_argument("--seconds", type=float, help="seconds per throughput run (2; quick 0.5)")
+    parser.add_argument("--reps", type=int, help="interleaved repetitions (default 9; quick 3)")
+    parser.add_argument("--seconds", type=float, help="seconds per throughput run (1; quick 0.5)")
     parser.add_argument("--concurrency", type=int, default=8, help="keep-alive clients (8)")
     parser.add_argument("--kinds", default="jsonrpc,rest,passthrough", help="comma-separated")
     parser.add_argument("--serve", choices=("bare", "gated"), help=argparse.SUPPRESS)
@@ -276,45 +331,62 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.fd)
         return
-    reps = args.reps or (3 if args.quick else 7)
-    seconds = args.seconds or (0.5 if args.quick else 2.0)
+    reps = args.reps or (3 if args.quick else 9)
+    seconds = args.seconds or (0.5 if args.quick else 1.0)
     lat_count = 300 if args.quick else 2000
     kinds = [k for k in args.kinds.split(",") if k]
     for kind in kinds:
         if kind not in KINDS:
             parser.error(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
 
-    servers = {variant: Server(variant) for variant in ("bare", "gated")}
+    # "control" is a second bare server: bare vs control shows the machine's noise floor.
+    servers = {name: Server("bare" if name == "control" else name) for name in VARIANTS}
     try:
         for server in servers.values():
             asyncio.run(wait_ready(server))
         print(
             f"uvicorn (h11, asyncio) on loopback; trivial handler; {reps} interleaved reps; "
-            f"throughput: {args.concurrency} httpx keep-alive clients x {seconds} s; "
+            f"throughput: {args.concurrency} httpx keep-alive clients (raw: {args.concurrency} "
+            f"sockets) x {seconds} s; "
             f"latency: median of {lat_count} sequential requests; CPUs: {os.cpu_count()}"
         )
         header = (
             f"{'request':<12} {'bare req/s':>11} {'mw req/s':>10} {'ratio':>7} "
-            f"{'bare lat us':>12} {'mw lat us':>10} {'added us':>9}"
+            f"{'bare lat us':>12} {'mw lat us':>10} {'added us':>9} "
+            f"{'raw bare req/s':>15} {'raw mw req/s':>13} {'raw ratio':>10} {'A/A ratio':>10}"
         )
         print(header)
         print("-" * len(header))
         for kind in kinds:
-            rps: dict[str, list[float]] = {"bare": [], "gated": []}
-            lat: dict[str, list[float]] = {"bare": [], "gated": []}
+            runs: dict[str, dict[str, list[float]]] = {
+                name: {v: [] for v in VARIANTS} for name in ("rps", "lat", "raw")
+            }
             for rep in range(reps):
-                order = ("bare", "gated") if rep % 2 == 0 else ("gated", "bare")
+                order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
                 for variant in order:
-                    url = servers[variant].url
-                    rps[variant].append(
-                        asyncio.run(throughput(url, kind, args.concurrency, seconds))
+                    server = servers[variant]
+                    runs["raw"][variant].append(
+                        raw_throughput(server, kind, args.concurrency, seconds)
                     )
-                    lat[variant].append(asyncio.run(latency(url, kind, lat_count // reps + 1)))
-            bare_rps, mw_rps = statistics.median(rps["bare"]), statistics.median(rps["gated"])
-            bare_lat, mw_lat = statistics.median(lat["bare"]), statistics.median(lat["gated"])
+                    if variant == "control":
+                        continue
+                    runs["rps"][variant].append(
+                        asyncio.run(throughput(server.url, kind, args.concurrency, seconds))
+                    )
+                    runs["lat"][variant].append(
+                        asyncio.run(latency(server.url, kind, lat_count // reps + 1))
+                    )
+            med = {
+                name: {v: statistics.median(xs) for v, xs in by_variant.items() if xs}
+                for name, by_variant in runs.items()
+            }
+            rps, lat, raw = med["rps"], med["lat"], med["raw"]
             print(
-                f"{kind:<12} {bare_rps:>11.0f} {mw_rps:>10.0f} {mw_rps / bare_rps:>7.3f} "
-                f"{bare_lat * 1e6:>12.0f} {mw_lat * 1e6:>10.0f} {(mw_lat - bare_lat) * 1e6:>9.0f}"
+                f"{kind:<12} {rps['bare']:>11.0f} {rps['gated']:>10.0f} "
+                f"{rps['gated'] / rps['bare']:>7.3f} {lat['bare'] * 1e6:>12.0f} "
+                f"{lat['gated'] * 1e6:>10.0f} {(lat['gated'] - lat['bare']) * 1e6:>9.0f} "
+                f"{raw['bare']:>15.0f} {raw['gated']:>13.0f} {raw['gated'] / raw['bare']:>10.3f} "
+                f"{raw['control'] / raw['bare']:>10.3f}"
             )
     finally:
         for server in servers.values():
