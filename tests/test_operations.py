@@ -348,9 +348,7 @@ def test_admit_sync_on_a_loop_thread_raises_at_once():
 
 
 def test_admit_sync_timeout_and_queue_timeout_the_smaller_wins():
-    gate = admitgate.build_admission_gate(
-        max_concurrent_runs=1, queue_depth=5, queue_timeout_s=10
-    )
+    gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=5, queue_timeout_s=10)
     with gate.admit_sync():
         t0 = time.monotonic()
         with pytest.raises(admitgate.AdmissionRejected) as info:
