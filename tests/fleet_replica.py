@@ -1,8 +1,10 @@
 """One replica of an agent, for the fleet tests: a process with its own ``FleetLimit``.
 
 Started by ``fleet_support.Replica`` as ``python fleet_replica.py '<json config>'`` with
-``{"fleet": {FleetLimit keyword arguments}, "via": "limit", "gate": {}}``. It reads one JSON
-command per line on stdin and writes one JSON event per line on stdout:
+``{"fleet": {FleetLimit keyword arguments}, "via": "gate", "gate": {build_admission_gate
+keyword arguments}}``. Turns go through ``gate.admit()`` of a gate built with ``fleet=``
+(``"via": "limit"``: through ``FleetLimit.acquire`` alone). It reads one JSON command per line
+on stdin and writes one JSON event per line on stdout:
 
 ``{"cmd": "turns", "n": 10, "hold": 0.05, "scope": "", "delay": 0.0, "tag": "a"}``
     starts ``n`` concurrent turns (after ``delay`` seconds), each holding a lease for ``hold``
@@ -13,7 +15,7 @@ command per line on stdin and writes one JSON event per line on stdout:
 ``{"cmd": "release"}``
     gives back the leases kept by ``hold``; answers ``{"event": "released"}``.
 ``{"cmd": "stats"}``
-    answers ``{"event": "stats", "stats": {...}, "lost": [bool per kept lease]}``.
+    answers ``{"event": "stats", "stats": {...}, "gate": {...}}`` (the limit's and the gate's).
 ``{"cmd": "exit"}``
     exits.
 
@@ -44,25 +46,47 @@ class ReplicaProcess:
 
     def __init__(self, config: dict[str, Any]):
         self.limit = admitgate.FleetLimit(**config["fleet"])
+        self.gate: admitgate.AdmissionGate | None = None
+        if config.get("via", "gate") == "gate":
+            self.gate = admitgate.build_admission_gate(**config.get("gate", {}), fleet=self.limit)
         self.kept: list[admitgate.FleetLease] = []
+        self.holding: list[asyncio.Task[None]] = []
+        self.let_go = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def turn(self, scope: str, hold: float) -> dict[str, Any]:
-        """One turn: wait for a lease, hold it for ``hold`` seconds, give it back."""
+        """One turn: wait for a slot and a lease, run for ``hold`` seconds, give them back."""
         arrive = time.monotonic()
-        lease = await self.limit.acquire(scope)
-        start = time.monotonic()
-        await asyncio.sleep(hold)
-        end = time.monotonic()
-        await lease.release()
+        if self.gate is not None:
+            async with self.gate.admit(session_id=scope):
+                start = time.monotonic()
+                await asyncio.sleep(hold)
+                end = time.monotonic()
+        else:
+            lease = await self.limit.acquire(scope)
+            start = time.monotonic()
+            await asyncio.sleep(hold)
+            end = time.monotonic()
+            await lease.release()
         return {"scope": scope, "arrive": arrive, "start": start, "end": end}
+
+    async def held_turn(self, scope: str, entered: asyncio.Queue[str]) -> None:
+        """A gate turn that runs until ``release``."""
+        assert self.gate is not None
+        async with self.gate.admit(session_id=scope):
+            await entered.put(scope)
+            await self.let_go.wait()
 
     async def turns(self, command: dict[str, Any]) -> None:
         """Runs a batch of concurrent turns and reports them together."""
         await asyncio.sleep(float(command.get("delay", 0.0)))
         scope = str(command.get("scope", ""))
         hold = float(command.get("hold", 0.05))
-        done = await asyncio.gather(*(self.turn(scope, hold) for _ in range(int(command["n"]))))
+        try:
+            done = await asyncio.gather(*(self.turn(scope, hold) for _ in range(int(command["n"]))))
+        except Exception as exc:  # reported to the test, which fails with it
+            emit("error", message=repr(exc))
+            return
         emit("turns", tag=command.get("tag", ""), turns=list(done))
 
     async def handle(self, command: dict[str, Any]) -> bool:
@@ -74,16 +98,30 @@ class ReplicaProcess:
             task.add_done_callback(self.tasks.discard)
         elif cmd == "hold":
             scope = str(command.get("scope", ""))
-            leases = [await self.limit.acquire(scope) for _ in range(int(command["n"]))]
-            self.kept.extend(leases)
-            emit("held", ids=[lease.id for lease in leases])
+            n = int(command["n"])
+            if self.gate is None:
+                leases = [await self.limit.acquire(scope) for _ in range(n)]
+                self.kept.extend(leases)
+            else:
+                self.let_go.clear()
+                entered: asyncio.Queue[str] = asyncio.Queue()
+                self.holding += [
+                    asyncio.ensure_future(self.held_turn(scope, entered)) for _ in range(n)
+                ]
+                for _ in range(n):
+                    await entered.get()
+            emit("held", n=n)
         elif cmd == "release":
             for lease in self.kept:
                 await lease.release()
             self.kept.clear()
+            self.let_go.set()
+            await asyncio.gather(*self.holding)
+            self.holding.clear()
             emit("released")
         elif cmd == "stats":
-            emit("stats", stats=self.limit.stats(), lost=[lease.lost for lease in self.kept])
+            gate = self.gate.stats() if self.gate is not None else {}
+            emit("stats", stats=self.limit.stats(), gate=gate)
         elif cmd == "exit":
             return False
         else:
@@ -108,7 +146,7 @@ async def main(config: dict[str, Any]) -> None:
                 break
         except Exception as exc:  # reported to the test, which fails with it
             emit("error", message=repr(exc))
-    for task in list(replica.tasks):
+    for task in list(replica.tasks) + replica.holding:
         task.cancel()
 
 

@@ -180,10 +180,12 @@ def union_peak(intervals: list[tuple[float, float]]) -> int:
 
 
 class Replica:
-    """One replica process (``tests/fleet_replica.py``) with its own ``FleetLimit``."""
+    """One replica process (``tests/fleet_replica.py``) with its own ``FleetLimit``; its turns
+    go through a gate built with ``build_admission_gate(**gate, fleet=...)`` (``via="limit"``:
+    through ``FleetLimit.acquire`` alone)."""
 
     def __init__(
-        self, fleet: dict[str, Any], *, via: str = "limit", gate: dict[str, Any] | None = None
+        self, fleet: dict[str, Any], *, via: str = "gate", gate: dict[str, Any] | None = None
     ):
         config = {"fleet": fleet, "via": via, "gate": gate or {}}
         env = dict(os.environ)

@@ -389,12 +389,37 @@ def test_a_forked_child_rebuilds_the_runtime_and_never_releases_the_parents_leas
 # -- a fleet of processes ------------------------------------------------------------------
 
 
+class Holder:
+    """Turns of an in-process gate that stay inside it until ``leave`` is set."""
+
+    def __init__(self, gate: admitgate.AdmissionGate):
+        self.gate = gate
+        self.entered = 0
+        self.leave = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def _turn(self, session: str) -> None:
+        async with self.gate.admit(session_id=session):
+            self.entered += 1
+            await self.leave.wait()
+
+    def start(self, n: int, session: str = "") -> None:
+        """Starts ``n`` turns."""
+        self.tasks += [asyncio.ensure_future(self._turn(session)) for _ in range(n)]
+
+    async def finish(self) -> None:
+        """Lets every turn leave and waits for them."""
+        self.leave.set()
+        await asyncio.gather(*self.tasks)
+
+
 def test_three_replicas_share_the_cap_and_hand_off_promptly(
     redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
     key = new_key()
     fleet = {"url": redis_server.url, "key": key, "max_in_flight": 6}
-    replicas.extend(Replica(fleet) for _ in range(3))
+    gate = {"max_concurrent_runs": 8, "queue_depth": 16}  # each replica's own ceiling
+    replicas.extend(Replica(fleet, gate=gate) for _ in range(3))
     for replica in replicas:
         replica.expect("ready")
     for replica in replicas:
@@ -417,6 +442,10 @@ def test_three_replicas_share_the_cap_and_hand_off_promptly(
     assert median < 0.25, f"median hand-off {median:.3f} s"
     total = max(t["end"] for t in turns) - min(t["arrive"] for t in turns)
     assert total < 10, f"30 turns of 50 ms under a cap of 6 took {total:.2f} s"
+    for replica in replicas:
+        stats = replica.ask({"cmd": "stats"}, "stats")["gate"]
+        assert (stats["admitted"], stats["rejected"], stats["cancelled"]) == (10, 0, 0)
+        assert (stats["in_flight"], stats["queued"]) == (0, 0)
     assert_nothing_left(redis_server, key)
 
 
@@ -428,23 +457,27 @@ def test_a_killed_replicas_leases_come_back_within_the_lease_ttl(
     fleet = {"url": redis_server.url, "key": key, "max_in_flight": 3, "lease_ttl_s": ttl}
     holder = Replica(fleet)
     replicas.append(holder)
-    holder.expect("ready")
-    held = holder.ask({"cmd": "hold", "n": 3}, "held")["ids"]
+    holder_id = holder.expect("ready")["replica_id"]
+    holder.ask({"cmd": "hold", "n": 3}, "held")
     r = redis_server.client()
-    assert set(r.zrange(holders(key), 0, -1)) == set(held)
+    held = r.zrange(holders(key), 0, -1)
+    assert len(held) == 3 and all(i.startswith(holder_id + "#") for i in held), held
 
     async def scenario() -> float:
         limit = FleetLimit(redis_server.url, key, 3, lease_ttl_s=ttl)
-        assert await limit.try_acquire() is None
-        waiters = [asyncio.ensure_future(limit.acquire()) for _ in range(3)]
+        gate = admitgate.build_admission_gate(max_concurrent_runs=3, fleet=limit)
+        assert gate is not None
+        waiting = Holder(gate)
+        waiting.start(3)
         await eventually(lambda: limit.stats()["fleet_replica_waiting"] == 3, "queued")
+        assert (gate.in_flight, gate.admitted) == (3, 0), "slots held, leases awaited"
         holder.signal(signal.SIGKILL)
         killed = time.monotonic()
-        leases = await asyncio.wait_for(asyncio.gather(*waiters), ttl + 8)
+        await eventually(lambda: waiting.entered == 3, "all three in", ttl + 8)
         took = time.monotonic() - killed
-        assert set(r.zrange(holders(key), 0, -1)) == {lease.id for lease in leases}
-        for lease in leases:
-            await lease.release()
+        assert not set(r.zrange(holders(key), 0, -1)) & set(held)
+        await waiting.finish()
+        assert (gate.admitted, gate.in_flight) == (3, 0)
         return took
 
     took = run(scenario(), timeout=30)
@@ -463,7 +496,8 @@ def test_per_scope_slices_hold_fleet_wide(
         "max_in_flight": 6,
         "max_in_flight_per_scope": 2,
     }
-    replicas.extend(Replica(fleet) for _ in range(2))
+    gate = {"max_concurrent_runs": 6, "queue_depth": 8}
+    replicas.extend(Replica(fleet, gate=gate) for _ in range(2))
     for replica in replicas:
         replica.expect("ready")
     for replica in replicas:
@@ -488,7 +522,8 @@ def test_turns_start_in_fleet_arrival_order_across_unequal_backlogs(
 ) -> None:
     key = new_key()
     fleet = {"url": redis_server.url, "key": key, "max_in_flight": 2}
-    big, small = Replica(fleet), Replica(fleet)
+    big = Replica(fleet, gate={"max_concurrent_runs": 8})
+    small = Replica(fleet, gate={"max_concurrent_runs": 8})
     replicas.extend([big, small])
     big.expect("ready")
     small.expect("ready")
@@ -516,36 +551,37 @@ def test_a_paused_holder_past_its_ttl_is_counted_as_lease_lost(
     paused.expect("ready")
     paused.ask({"cmd": "hold", "n": 1}, "held")
 
-    async def take_over() -> admitgate.FleetLease:
+    async def take_over() -> Holder:
         limit = FleetLimit(redis_server.url, key, 1, lease_ttl_s=ttl)
-        waiter = asyncio.ensure_future(limit.acquire())
+        gate = admitgate.build_admission_gate(fleet=limit)
+        assert gate is not None
+        taker = Holder(gate)
+        taker.start(1)
         await eventually(lambda: limit.stats()["fleet_replica_waiting"] == 1, "queued")
         paused.signal(signal.SIGSTOP)  # a GC pause, a frozen VM...
-        lease = await asyncio.wait_for(waiter, ttl + 6)
+        await eventually(lambda: taker.entered == 1, "took the expired lease", ttl + 6)
         paused.signal(signal.SIGCONT)
-        return lease
+        return taker
 
-    lease = run(take_over(), timeout=20)
-    deadline = time.monotonic() + 10
-    while True:
-        answer = paused.ask({"cmd": "stats"}, "stats")
-        if answer["stats"]["fleet_lease_lost"] == 1:
-            break
-        assert time.monotonic() < deadline, answer
-        time.sleep(0.1)
-    assert answer["lost"] == [True], "the paused turn's lease reports itself lost"
+    async def scenario() -> None:
+        taker = await take_over()
+        deadline = time.monotonic() + 10
+        while True:
+            answer = paused.ask({"cmd": "stats"}, "stats")
+            if answer["gate"]["fleet_lease_lost"] == 1:
+                break
+            assert time.monotonic() < deadline, answer
+            await asyncio.sleep(0.1)
+        assert answer["stats"]["fleet_lease_lost"] == 1
+        await taker.finish()
+
+    run(scenario(), timeout=30)
     wait_until(
         lambda: any("expired under its turn" in line for line in paused.stderr),
         "a warning on the admitgate logger",
     )
-
-    async def release() -> None:
-        await lease.release()
-
-    run(release())
     paused.ask({"cmd": "release"}, "released")  # a lost lease's release sends nothing
-    r = redis_server.client()
-    assert r.zcard(holders(key)) == 0
+    wait_until(lambda: redis_server.client().zcard(holders(key)) == 0, "nothing held")
 
 
 # -- outages and restarts ------------------------------------------------------------------

@@ -38,6 +38,7 @@ __all__ = [
     "MemoryPressurePolicy",
     "FleetLimit",
     "FleetLease",
+    "LeaseWait",
     "__version__",
 ]
 
@@ -172,7 +173,11 @@ class AdmissionGate:
         *,
         resource_policy: Any | None = None,
         resource_sampler: Any | None = None,
+        fleet: FleetLimit | None = None,
     ) -> AdmissionGate: ...
+    @property
+    def fleet(self) -> FleetLimit | None:
+        """The fleet-wide limit: a turn runs once it has its local slot and a lease."""
     def admit(
         self,
         *,
@@ -243,7 +248,9 @@ class AdmissionGate:
         """The ceiling on concurrent runs (0: none)."""
     @property
     def saturated(self) -> bool:
-        """Whether in flight is at the ceiling (never without one)."""
+        """Whether in flight is at the cap that bounds the agent: the fleet cap (leases held
+        across the fleet, last known) with a fleet limit, else the ceiling (never without
+        one)."""
     def transport_stats(self) -> dict[str, dict[str, Any]]:
         """Per transport: ``in_flight``, ``queued``, ``admitted`` and ``rejected`` (a dict of
         every rejection reason to its count), for each transport that reached ``admit()``."""
@@ -293,7 +300,9 @@ class AdmissionGate:
     def stats(self) -> dict[str, int | float]:
         """A snapshot: ``max_concurrent_runs``, ``max_concurrent_runs_per_scope``,
         ``queue_depth``, ``in_flight``, ``queued``, ``awaiting_human``, ``admitted``,
-        ``rejected``, ``shed``, ``max_rss_mb`` (float) and ``cancelled``."""
+        ``rejected``, ``shed``, ``max_rss_mb`` (float) and ``cancelled``; with a fleet limit
+        also ``fleet_in_flight``, ``fleet_max_in_flight``, ``fleet_backend_up`` (1/0),
+        ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``."""
     @property
     def _resource_policy(self) -> Any | None: ...
     @property
@@ -322,7 +331,7 @@ class Admission:
         """While the turn waits: seconds until it may start at the recent release rate
         (the estimator behind ``AdmissionRejected.retry_after``, unclamped); ``None``
         otherwise or before the gate has any history."""
-    def __aenter__(self) -> Ready | Wait: ...
+    def __aenter__(self) -> Ready | Wait | LeaseWait: ...
     def __enter__(self) -> Admission: ...
     def __exit__(
         self,
@@ -466,6 +475,17 @@ class FleetLimit:
         """Checks that Redis answers; raises ``ConnectionError`` (without the password)."""
     def shutdown(self) -> Awaitable[None]:
         """Gives back every lease of this replica and stops its background tasks."""
+
+@final
+class LeaseWait:
+    """What ``Admission.__aenter__`` returns with a fleet limit: the local queue wait (if the
+    turn queued), then the wait for the fleet lease; cancelling it hands the slot on."""
+
+    def __await__(self) -> Generator[Any, Any]: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> None: ...
+    def close(self) -> None: ...
 
 @final
 class FleetLease:

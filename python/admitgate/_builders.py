@@ -33,6 +33,7 @@ def build_admission_gate(
     resource_policy: Any = None,
     max_concurrent_runs_per_scope: Any = 0,
     queue_timeout_s: Any = None,
+    fleet: Any = None,
 ) -> AdmissionGate | None:
     """Build an :class:`AdmissionGate` from configuration, or return ``None``.
 
@@ -41,7 +42,9 @@ def build_admission_gate(
     ``resource_policy`` is. Every argument is validated even when the ceiling is 0, so a
     misconfiguration fails at start-up instead of silently removing protection.
     ``queue_timeout_s`` (seconds, or ``None``) refuses a turn that has waited that long
-    with reason ``timeout``.
+    with reason ``timeout``. ``fleet`` (an :class:`admitgate.FleetLimit`) adds a cap shared
+    by every replica: a turn runs once it has a local slot and a fleet lease; with a fleet
+    the gate is built even without a local ceiling.
     """
     if policy is None:
         candidate = ConcurrencyLimitPolicy(
@@ -53,9 +56,9 @@ def build_admission_gate(
             ),
             queue_timeout_s=queue_timeout_s,
         )
-        if candidate.max_concurrent_runs == 0:
+        if candidate.max_concurrent_runs == 0 and fleet is None:
             if resource_policy is not None:
                 return AdmissionGate(None, resource_policy=resource_policy)
             return None
         policy = candidate
-    return AdmissionGate(policy, resource_policy=resource_policy)
+    return AdmissionGate(policy, resource_policy=resource_policy, fleet=fleet)

@@ -31,6 +31,12 @@
 //! slot is never lost. Human-approval waits lend a slot back ([`TurnSlot::suspend`]) and
 //! take one on resume even when none is free ([`TurnSlot::resume`]): `in_flight` may then
 //! exceed the ceiling, and the excess is repaid by not refilling the next releases.
+//!
+//! Deferred admission (a fleet-wide limit): a turn granted its slot must still get a lease
+//! elsewhere before it runs. With [`GateState::defer_admission`] on, a grant does not count
+//! the turn as admitted; the caller then either [`confirm`](GateState::confirm)s it (the lease
+//! came) or [`revoke`](GateState::revoke)s it (the lease was refused, or the caller gave up):
+//! its slot is handed on and it counts as rejected or cancelled, as the caller experienced.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -254,6 +260,8 @@ pub struct GateState<W> {
     outside_depth: u64,
     /// The gate is closing (drained): every newcomer is refused.
     closing: bool,
+    /// Grants count as admitted only once confirmed (see the module documentation).
+    deferred: bool,
     /// Slots freed so far (turns ended, lent to a human wait, or handed back by a
     /// cancellation): what the retry hint's release rate counts.
     slots_freed: u64,
@@ -298,6 +306,7 @@ impl<W> GateState<W> {
             peak_in_flight: 0,
             outside_depth: 0,
             closing: false,
+            deferred: false,
             slots_freed: 0,
             release_rate: ReleaseRate::default(),
             queue_wait: Histogram::default(),
@@ -572,7 +581,9 @@ impl<W> GateState<W> {
         if runs_now {
             let key = scope.map(|name| self.scope_entry(name));
             self.take_slot(key.as_deref());
-            self.admitted += 1;
+            if !self.deferred {
+                self.admitted += 1;
+            }
             return Arrival::Admitted(key);
         }
 
@@ -652,7 +663,9 @@ impl<W> GateState<W> {
                     .record(now.saturating_sub(record.enqueued_at));
                 let scope = record.scope.clone();
                 self.release_rate.observe(now, self.slots_freed);
-                self.admitted += 1;
+                if !self.deferred {
+                    self.admitted += 1;
+                }
                 self.granted_unclaimed -= 1;
                 Claim::Admitted(scope)
             }
@@ -706,6 +719,43 @@ impl<W> GateState<W> {
             self.dispatch(1, wakes);
         }
         outcome
+    }
+
+    /// Turns granted a slot count as admitted only when [`confirm`](Self::confirm)ed, or are
+    /// [`revoke`](Self::revoke)d. Set once, before any turn arrives (a fleet-wide limit).
+    pub fn defer_admission(&mut self) {
+        self.deferred = true;
+    }
+
+    /// A turn granted its slot (deferred admission) got what else it needed: it counts as
+    /// admitted now.
+    pub fn confirm(&mut self) {
+        debug_assert!(self.deferred, "confirm without deferred admission");
+        self.admitted += 1;
+    }
+
+    /// A turn granted its slot (deferred admission) will not run: its slot is handed on, and
+    /// it counts as rejected for `reason`, or as cancelled when `None` (its caller gave up).
+    /// Returns the retry hint for a refusal, as a waiter refused for `reason` would get it.
+    pub fn revoke(
+        &mut self,
+        scope: Option<&str>,
+        reason: Option<Rejection>,
+        now: impl FnOnce() -> Duration,
+        wakes: &mut Wakes<W>,
+    ) -> Option<Duration> {
+        debug_assert!(self.deferred, "revoke without deferred admission");
+        match reason {
+            Some(_) => self.rejected += 1,
+            None => self.cancelled += 1,
+        }
+        self.slots_freed += 1;
+        self.give_slot(scope);
+        self.dispatch(1, wakes);
+        match reason {
+            None | Some(Rejection::Closing) => None,
+            Some(_) => Some(self.retry_hint(self.queue.len(), now())),
+        }
     }
 
     /// Refuses a waiting turn for `reason` (counted in `rejected`) and wakes it; `false` if
@@ -886,8 +936,10 @@ impl<W> GateState<W> {
         wakes.drop.extend(self.queue.clear());
         // The slab is kept, so keys handed out before the reset stay invalid.
         let queue = std::mem::take(&mut self.queue);
+        let deferred = self.deferred;
         *self = Self::new(self.limits);
         self.queue = queue;
+        self.deferred = deferred;
     }
 
     /// A snapshot of the counters. `now` (the caller's clock) is read only when someone
@@ -1095,6 +1147,26 @@ impl<W> Gate<W> {
     /// See [`GateState::cancel`].
     pub fn cancel(&self, key: WaiterKey) -> (Cancelled, Wakes<W>) {
         self.with(|state, wakes| state.cancel(key, wakes))
+    }
+
+    /// See [`GateState::defer_admission`].
+    pub fn defer_admission(&self) {
+        self.state.lock().defer_admission();
+    }
+
+    /// See [`GateState::confirm`].
+    pub fn confirm(&self) {
+        self.state.lock().confirm();
+    }
+
+    /// See [`GateState::revoke`].
+    pub fn revoke(
+        &self,
+        scope: Option<&str>,
+        reason: Option<Rejection>,
+        now: impl FnOnce() -> Duration,
+    ) -> (Option<Duration>, Wakes<W>) {
+        self.with(|state, wakes| state.revoke(scope, reason, now, wakes))
     }
 
     /// See [`GateState::shed_oldest_waiter`].

@@ -4,6 +4,11 @@
 //! awaitable, a refused one raises `AdmissionRejected` (with its reason and retry hint), and
 //! a queued one gets a [`Wait`]. `__aexit__` returns the slot; so does dropping an admission
 //! abandoned without `__aexit__`. Each transition happens exactly once.
+//!
+//! With a fleet-wide limit (`AdmissionGate(..., fleet=...)`), a turn granted its local slot
+//! then waits for its fleet lease ([`LeaseWait`], or [`acquire_blocking`] for `admit_sync`);
+//! the core counts it as admitted only once the lease comes, and as rejected
+//! (`fleet_unavailable`, `timeout`) or cancelled, with its slot handed on, if it does not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,12 +24,13 @@ use super::args;
 use super::awaitables::{ready, Wait};
 use super::blocking::BlockingWait;
 use super::errors::guard;
+use super::fleet::{acquire_blocking, fleet_epoch, lease_scope, Blocked, LeaseWait, TurnLease};
 use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection;
 use super::runtime::{log, now, running_loop};
 use crate::core::transport::TransportId;
-use crate::core::{Arrival, TurnSlot, WaiterKey};
+use crate::core::{Arrival, Rejection, TurnSlot, WaiterKey};
 
 /// The turn's slot: owned by the admission, or shared with the human-wait hook. The hook
 /// never holds the admission itself, so an admission abandoned without `__aexit__` is still
@@ -53,11 +59,18 @@ enum AdmissionState {
     Arriving,
     /// Queued under this key.
     Queued(WaiterKey),
+    /// Holds its local slot and waits for its fleet lease (a gate with a fleet limit).
+    Leasing {
+        scope: Option<Arc<str>>,
+        epoch: u64,
+    },
     Entered {
         slot: SlotRef,
         token: Option<Py<PyAny>>,
         /// The gate's epoch when the turn entered (see [`super::wake::Core::epoch`]).
         epoch: u64,
+        /// The fleet lease, with a fleet limit.
+        lease: Option<Arc<TurnLease>>,
     },
     Done,
 }
@@ -123,8 +136,26 @@ impl Admission {
         }
     }
 
-    /// The turn holds a slot: bind the human-wait hook and remember what to release.
+    /// The turn holds a slot: bind the human-wait hook and remember what to release. With a
+    /// fleet limit the turn first waits for its lease ([`Admission::lease_granted`] enters).
     pub fn enter(admission: &Bound<'_, Self>, scope: Option<Arc<str>>) -> PyResult<()> {
+        let this = admission.get();
+        let gate = this.gate.get();
+        if gate.fleet().is_some() {
+            *this.state.lock() = AdmissionState::Leasing {
+                scope,
+                epoch: gate.core.epoch(),
+            };
+            return Ok(());
+        }
+        Self::bind(admission, scope, None)
+    }
+
+    fn bind(
+        admission: &Bound<'_, Self>,
+        scope: Option<Arc<str>>,
+        lease: Option<Arc<TurnLease>>,
+    ) -> PyResult<()> {
         let py = admission.py();
         let this = admission.get();
         let core = &this.gate.get().core;
@@ -132,15 +163,19 @@ impl Admission {
         let (slot, token) = match human_wait_scope(py) {
             Some(var) => {
                 let slot = Arc::new(TurnSlot::new(scope));
-                let bound = Py::new(py, HumanWaitFactory::new(slot.clone(), core.clone(), epoch))
-                    .and_then(|factory| {
-                        call_method_one(var, pyo3::intern!(py, "set"), factory.bind(py))
-                    });
+                let factory =
+                    HumanWaitFactory::new(slot.clone(), core.clone(), epoch, lease.clone());
+                let bound = Py::new(py, factory).and_then(|factory| {
+                    call_method_one(var, pyo3::intern!(py, "set"), factory.bind(py))
+                });
                 match bound {
                     Ok(token) => (SlotRef::Shared(slot), Some(token.unbind())),
                     Err(err) => {
-                        // The turn will not run: its slot goes straight back.
+                        // The turn will not run: its slot (and lease) go straight back.
                         slot.close(core, None).run();
+                        if let Some(lease) = &lease {
+                            lease.close();
+                        }
                         core.transports.finished(this.transport);
                         *this.state.lock() = AdmissionState::Done;
                         return Err(err);
@@ -149,8 +184,100 @@ impl Admission {
             }
             None => (SlotRef::Own(TurnSlot::new(scope)), None),
         };
-        *this.state.lock() = AdmissionState::Entered { slot, token, epoch };
+        *this.state.lock() = AdmissionState::Entered {
+            slot,
+            token,
+            epoch,
+            lease,
+        };
         Ok(())
+    }
+
+    /// The turn waiting for its lease got it: it counts as admitted and runs.
+    pub fn lease_granted(admission: &Bound<'_, Self>, lease: Arc<TurnLease>) -> PyResult<()> {
+        let this = admission.get();
+        let core = &this.gate.get().core;
+        let previous = std::mem::replace(&mut *this.state.lock(), AdmissionState::Done);
+        let AdmissionState::Leasing { scope, epoch } = previous else {
+            lease.close();
+            return Err(PyRuntimeError::new_err(
+                "this turn was not waiting for a lease",
+            ));
+        };
+        if epoch != core.epoch() {
+            lease.close();
+            return Err(PyRuntimeError::new_err(
+                "this turn belongs to the parent of a fork",
+            ));
+        }
+        core.confirm();
+        core.transports.dequeued(this.transport, true);
+        Self::bind(admission, scope, Some(lease))
+    }
+
+    /// Ends a turn waiting for its lease: its local slot is handed on and it counts as
+    /// rejected for `reason`, or as cancelled (`None`). Returns the retry hint.
+    fn lease_ended(admission: &Bound<'_, Self>, reason: Option<Rejection>) -> Option<Duration> {
+        let py = admission.py();
+        let this = admission.get();
+        let gate = this.gate.get();
+        let previous = std::mem::replace(&mut *this.state.lock(), AdmissionState::Done);
+        let AdmissionState::Leasing { scope, epoch } = previous else {
+            return None;
+        };
+        if epoch != gate.core.epoch() {
+            return None; // a turn of the parent process
+        }
+        let (retry, wakes) = gate.core.revoke(scope.as_deref(), reason, now);
+        wakes.run();
+        gate.core.after_release(py);
+        gate.core.transports.dequeued(this.transport, false);
+        if let Some(reason) = reason {
+            gate.core.transports.rejected(this.transport, reason);
+            let session = this.session_id.bind(py).to_string();
+            log(
+                py,
+                "info",
+                format!(
+                    "AdmissionGate: rejecting turn ({}; waiting for its fleet lease) session={}",
+                    reason.as_str(),
+                    if session.is_empty() { "-" } else { &session }
+                ),
+            );
+        }
+        retry
+    }
+
+    /// The turn waiting for its lease is refused for `reason` (`fleet_unavailable`,
+    /// `timeout`): counted in `rejected`, its slot handed on. Returns the retry hint.
+    pub fn lease_refused(admission: &Bound<'_, Self>, reason: Rejection) -> Option<Duration> {
+        Self::lease_ended(admission, Some(reason))
+    }
+
+    /// The turn stopped waiting for its lease (cancelled): counted in `cancelled`, its slot
+    /// handed on.
+    pub fn lease_cancelled(admission: &Bound<'_, Self>) {
+        Self::lease_ended(admission, None);
+    }
+
+    /// The fleet limit's deadline for the lease wait: the queue timeout (and `admit_sync`'s
+    /// own), counted from the arrival, like the local wait's.
+    fn deadline(&self) -> Option<Duration> {
+        let timeout = match (self.gate.get().queue_timeout(), self.timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        timeout.map(|t| now() + t)
+    }
+
+    /// The scope of this turn's lease.
+    fn lease_scope(&self, py: Python<'_>) -> PyResult<Arc<str>> {
+        let gate = self.gate.get();
+        let fleet = gate.fleet().expect("a gate with a fleet limit");
+        Ok(lease_scope(
+            fleet.get(),
+            &args::scope_key(self.session_id.bind(py))?,
+        ))
     }
 
     /// Arrives at the gate: runs now, waits (the key is remembered), or is refused.
@@ -192,7 +319,12 @@ impl Admission {
         }
         match arrival {
             Arrival::Admitted(scope) => {
-                transports.admitted(this.transport);
+                if gate.fleet().is_some() {
+                    // Waits for its lease: queued for its transport until it comes.
+                    transports.queued(this.transport);
+                } else {
+                    transports.admitted(this.transport);
+                }
                 Self::enter(slf, scope)?;
                 Ok(Arrived::Running)
             }
@@ -248,17 +380,50 @@ impl Admission {
     /// one that queues.
     fn enter_async(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
+        let this = slf.get();
+        let fleet = this.gate.get().fleet();
         match Self::arrive(slf)? {
-            Arrived::Running => ready(py),
+            Arrived::Running => match fleet {
+                None => ready(py),
+                Some(fleet) => {
+                    let wait = LeaseWait::new(
+                        slf.clone().unbind(),
+                        None,
+                        fleet.clone_ref(py),
+                        this.lease_scope(py)?,
+                        this.deadline(),
+                    );
+                    // If the awaitable cannot be made, dropping it hands the slot on.
+                    Ok(Py::new(py, wait)?.into_any())
+                }
+            },
             Arrived::Queued(key, deadline) => {
-                let this = slf.get();
                 let core = this.gate.get().core.clone();
-                let wait = Wait::new(slf.clone().unbind(), core, key, this.transport, deadline);
+                let wait = Wait::new(
+                    slf.clone().unbind(),
+                    core,
+                    key,
+                    this.transport,
+                    deadline,
+                    fleet.is_some(),
+                );
                 // If the awaitable cannot be made, or on_queued raises, dropping the wait
                 // withdraws the turn.
                 let wait = Py::new(py, wait)?;
                 Self::announce_queued(slf, key)?;
-                Ok(wait.into_any())
+                match fleet {
+                    None => Ok(wait.into_any()),
+                    Some(fleet) => {
+                        let wait = LeaseWait::new(
+                            slf.clone().unbind(),
+                            Some(wait),
+                            fleet.clone_ref(py),
+                            this.lease_scope(py)?,
+                            deadline,
+                        );
+                        Ok(Py::new(py, wait)?.into_any())
+                    }
+                }
             }
         }
     }
@@ -272,12 +437,13 @@ impl Admission {
                 "admit_sync() called on a thread that is running an event loop: waiting here would block that loop; use `async with gate.admit()` on it",
             ));
         }
-        match Self::arrive(slf)? {
-            Arrived::Running => Ok(()),
+        let this = slf.get();
+        let fleet = this.gate.get().fleet();
+        let deadline = match Self::arrive(slf)? {
+            Arrived::Running => this.deadline(),
             Arrived::Queued(key, deadline) => {
-                let this = slf.get();
                 let core = this.gate.get().core.clone();
-                let mut wait = BlockingWait::new(core, key, this.transport);
+                let mut wait = BlockingWait::new(core, key, this.transport, fleet.is_some());
                 if let Err(err) = Self::announce_queued(slf, key) {
                     wait.withdraw(py);
                     this.abandon();
@@ -286,13 +452,40 @@ impl Admission {
                 match wait.wait(py, deadline) {
                     Ok(scope) => {
                         this.waited.store(true, Ordering::Relaxed);
-                        Self::enter(slf, scope)
+                        Self::enter(slf, scope)?;
+                        deadline
                     }
                     Err(err) => {
                         this.abandon();
-                        Err(err)
+                        return Err(err);
                     }
                 }
+            }
+        };
+        let Some(fleet) = fleet else {
+            return Ok(());
+        };
+        // The local slot is held: now the lease, on this thread too.
+        match acquire_blocking(py, fleet.get(), this.lease_scope(py)?, deadline) {
+            Err(err) => {
+                Self::lease_cancelled(slf);
+                Err(err)
+            }
+            Ok(Ok(lease)) => {
+                let limit = fleet.get().limit()?;
+                Self::lease_granted(slf, TurnLease::new(limit, lease, fleet_epoch()))
+            }
+            Ok(Err(Blocked::Refused(retry))) => {
+                Self::lease_refused(slf, Rejection::FleetUnavailable);
+                Err(rejection(py, Rejection::FleetUnavailable, Some(retry)))
+            }
+            Ok(Err(Blocked::TimedOut)) => {
+                let retry = Self::lease_refused(slf, Rejection::Timeout);
+                Err(rejection(py, Rejection::Timeout, retry))
+            }
+            Ok(Err(Blocked::Interrupted(err))) => {
+                Self::lease_cancelled(slf);
+                Err(err)
             }
         }
     }
@@ -301,7 +494,15 @@ impl Admission {
         let previous = std::mem::replace(&mut *self.state.lock(), AdmissionState::Done);
         let gate = self.gate.get();
         match previous {
-            AdmissionState::Entered { slot, token, epoch } => {
+            AdmissionState::Entered {
+                slot,
+                token,
+                epoch,
+                lease,
+            } => {
+                if let Some(lease) = lease {
+                    lease.close();
+                }
                 if let (Some(token), Some(var)) = (token, human_wait_scope(py)) {
                     // Exited in another context (the body handed the turn to another task):
                     // the variable cannot be reset there, and nothing depends on it after exit.
@@ -410,7 +611,12 @@ impl Drop for Admission {
         let previous = std::mem::replace(self.state.get_mut(), AdmissionState::Done);
         let core = self.gate.get().core.clone();
         match previous {
-            AdmissionState::Entered { slot, epoch, .. } => {
+            AdmissionState::Entered {
+                slot, epoch, lease, ..
+            } => {
+                if let Some(lease) = lease {
+                    lease.close(); // a no-op for a lease of the parent of a fork
+                }
                 if epoch != core.epoch() {
                     return; // a turn of the parent process, forgotten by the forked child
                 }
@@ -419,6 +625,21 @@ impl Drop for Admission {
                         core.transports.finished(self.transport);
                         slot.close(&core, None).run();
                         core.after_release(py);
+                        Ok(())
+                    }) {
+                        err.write_unraisable(py, None);
+                    }
+                });
+            }
+            AdmissionState::Leasing { scope, epoch } if epoch == core.epoch() => {
+                // Abandoned while waiting for its lease (the wait could not be made): the
+                // slot is handed on, and the turn counts as cancelled.
+                Python::attach(|py| {
+                    if let Err(err) = guard(|| {
+                        let (_, wakes) = core.revoke(scope.as_deref(), None, now);
+                        wakes.run();
+                        core.after_release(py);
+                        core.transports.dequeued(self.transport, false);
                         Ok(())
                     }) {
                         err.write_unraisable(py, None);

@@ -72,7 +72,7 @@ impl Ready {
 /// The exception `throw(typ, val, tb)` raises, normalised as a generator's `throw` does: a
 /// class is instantiated (with no argument, `val`, or `*val` for a tuple) unless `val` is
 /// already an instance of it; an instance is raised as is; `tb` becomes its traceback.
-fn thrown(
+pub fn thrown(
     typ: &Bound<'_, PyAny>,
     val: Option<&Bound<'_, PyAny>>,
     tb: Option<&Bound<'_, PyAny>>,
@@ -126,6 +126,9 @@ pub struct Wait {
     transport: TransportId,
     /// When the queue timeout refuses the turn, on [`now`]'s clock.
     deadline: Option<Duration>,
+    /// A fleet lease follows the slot (`LeaseWait` drives this wait): the turn stays queued
+    /// for its transport until the lease settles it.
+    lease_follows: bool,
     state: Mutex<WaitState>,
 }
 
@@ -157,6 +160,7 @@ impl Wait {
         key: WaiterKey,
         transport: TransportId,
         deadline: Option<Duration>,
+        lease_follows: bool,
     ) -> Self {
         Self {
             admission,
@@ -164,6 +168,7 @@ impl Wait {
             key,
             transport,
             deadline,
+            lease_follows,
             state: Mutex::new(WaitState {
                 fut: None,
                 timer: None,
@@ -188,13 +193,15 @@ impl Wait {
         if let Some(timer) = timer {
             let _ = timer.bind(py).call_method0(pyo3::intern!(py, "cancel"));
         }
-        self.core.transports.dequeued(self.transport, admitted);
+        if !(admitted && self.lease_follows) {
+            self.core.transports.dequeued(self.transport, admitted);
+        }
         true
     }
 
     /// One step of the await: claim the outcome if a future was already yielded, else (or
     /// if still waiting) yield a future that the gate resolves when it settles the turn.
-    fn step(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    pub fn step(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         let yielded = {
             let state = self.state.lock();
             if state.done {
@@ -309,7 +316,7 @@ impl Wait {
     /// Withdraws, and if this call is what ended the wait, the admission is over too. A
     /// wait that already admitted its turn leaves the admission alone: the turn holds a slot
     /// that only `__aexit__` (or the admission's drop) returns.
-    fn withdraw_and_abandon(&self, py: Python<'_>) {
+    pub fn withdraw_and_abandon(&self, py: Python<'_>) {
         if self.withdraw(py) {
             self.admission.get().abandon();
         }

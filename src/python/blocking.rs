@@ -28,24 +28,34 @@ pub struct BlockingWait {
     key: WaiterKey,
     transport: TransportId,
     signal: Arc<ThreadSignal>,
+    /// A fleet lease follows the slot: the turn stays queued for its transport until then.
+    lease_follows: bool,
     done: bool,
 }
 
 impl BlockingWait {
     /// The wait of the turn queued under `key`.
-    pub fn new(core: Arc<Core>, key: WaiterKey, transport: TransportId) -> Self {
+    pub fn new(
+        core: Arc<Core>,
+        key: WaiterKey,
+        transport: TransportId,
+        lease_follows: bool,
+    ) -> Self {
         Self {
             core,
             key,
             transport,
             signal: Arc::new(ThreadSignal::default()),
+            lease_follows,
             done: false,
         }
     }
 
     fn finish(&mut self, admitted: bool) {
         self.done = true;
-        self.core.transports.dequeued(self.transport, admitted);
+        if !(admitted && self.lease_follows) {
+            self.core.transports.dequeued(self.transport, admitted);
+        }
     }
 
     /// Blocks until the turn is granted a slot (its scope is returned) or refused (the

@@ -6,16 +6,21 @@
 //! * [`limit`]: `FleetLimit`, its validated settings and its awaitables.
 //! * [`lease`]: `FleetLease`, given back when released or dropped.
 //! * [`events`]: the protocol's events, logged on the `admitgate` logger.
+//! * [`turn`]: a gate turn's lease (`AdmissionGate(..., fleet=...)`): the wait after the local
+//!   slot, lending during a human wait, the release with the slot.
 
 mod events;
 mod lease;
 mod limit;
 mod runtime;
+mod turn;
 
 use pyo3::prelude::*;
 
 pub use lease::PyFleetLease;
 pub use limit::PyFleetLimit;
+pub use runtime::epoch as fleet_epoch;
+pub use turn::{acquire_blocking, lease_scope, Blocked, LeaseWait, TurnLease};
 
 /// In a freshly forked child: the parent's fleet runtime, limits and leases are forgotten (the
 /// child never gives back the parent's leases); each limit is rebuilt on first use. Called by

@@ -18,6 +18,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::admission::{Admission, AdmitArgs};
 use super::args::{self, Arg};
 use super::errors::guard;
+use super::fleet::PyFleetLimit;
 use super::fork::register_gate;
 use super::human_wait::human_wait_scope;
 use super::policy::{decision_from, not_a_decision, PyConcurrencyLimitPolicy};
@@ -54,6 +55,8 @@ pub struct PyAdmissionGate {
     native_policy: bool,
     pub resources: ResourceGate,
     warned_policy: AtomicBool,
+    /// The fleet-wide limit: a turn runs once it has its local slot and a lease.
+    fleet: Option<Py<PyFleetLimit>>,
 }
 
 /// A limit a custom policy object declares: a missing attribute (or `None`, 0) means 0;
@@ -213,9 +216,15 @@ impl PyAdmissionGate {
         self.queue_timeout_nanos.store(nanos, Ordering::Relaxed);
     }
 
-    /// Whether the gate is active: a ceiling is set, or memory-aware admission is on.
+    /// Whether the gate is active: a ceiling is set, memory-aware admission is on, or a fleet
+    /// limit is configured.
     pub fn is_enabled(&self, py: Python<'_>) -> bool {
-        self.max_concurrent_runs() > 0 || self.resources.enabled(py)
+        self.max_concurrent_runs() > 0 || self.resources.enabled(py) || self.fleet.is_some()
+    }
+
+    /// The fleet-wide limit, if one is configured.
+    pub fn fleet(&self) -> Option<&Py<PyFleetLimit>> {
+        self.fleet.as_ref()
     }
 
     fn admit_args(
@@ -312,14 +321,25 @@ impl PyAdmissionGate {
 #[pymethods]
 impl PyAdmissionGate {
     #[new]
-    #[pyo3(signature = (policy, *, resource_policy=None, resource_sampler=None))]
+    #[pyo3(signature = (policy, *, resource_policy=None, resource_sampler=None, fleet=None))]
     fn new(
         py: Python<'_>,
         policy: Option<Bound<'_, PyAny>>,
         resource_policy: Option<Bound<'_, PyAny>>,
         resource_sampler: Option<Bound<'_, PyAny>>,
+        fleet: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
+            let fleet = match fleet {
+                Some(f) if f.is_none() => None,
+                Some(f) => Some(f.cast_into::<PyFleetLimit>().map_err(|err| {
+                    PyValueError::new_err(format!(
+                        "fleet must be an admitgate.FleetLimit or None, got {}",
+                        repr(&err.into_inner())
+                    ))
+                })?),
+                None => None,
+            };
             let declared = limits_of(py, policy.as_ref())?;
             let resources = ResourceGate::new(py, resource_policy, resource_sampler)?;
             // Resolve praisonaiagents' human-wait variable now, not inside a running turn:
@@ -327,6 +347,10 @@ impl PyAdmissionGate {
             let _ = human_wait_scope(py);
             let limits = declared.limits;
             let core = Arc::new(Core::new(limits));
+            if fleet.is_some() {
+                // A turn counts as admitted once it also has its lease.
+                core.defer_admission();
+            }
             register_gate(&core);
             let gate = Self {
                 core,
@@ -337,6 +361,7 @@ impl PyAdmissionGate {
                 native_policy: declared.native,
                 resources,
                 warned_policy: AtomicBool::new(false),
+                fleet: fleet.map(Bound::unbind),
             };
             gate.set_queue_timeout(declared.queue_timeout);
             Ok(gate)
@@ -604,13 +629,24 @@ impl PyAdmissionGate {
         guard(|| Ok(self.queue_timeout().map(|d| d.as_secs_f64())))
     }
 
-    /// Whether in flight is at the ceiling (never with no ceiling).
+    /// Whether in flight is at the cap that bounds the agent: the fleet cap (leases held
+    /// across the fleet, last known) with a fleet limit, else the ceiling (never without one).
     #[getter]
-    fn saturated(&self) -> PyResult<bool> {
+    fn saturated(&self, py: Python<'_>) -> PyResult<bool> {
         guard(|| {
+            if let Some(fleet) = &self.fleet {
+                let s = fleet.get().fleet_stats(py)?;
+                return Ok(s.fleet_in_flight >= u64::from(s.max_in_flight));
+            }
             let max = self.max_concurrent_runs();
             Ok(max > 0 && self.core.stats(now).in_flight >= u64::from(max))
         })
+    }
+
+    /// The fleet-wide limit (`None` without one).
+    #[getter(fleet)]
+    fn get_fleet(&self, py: Python<'_>) -> Option<Py<PyFleetLimit>> {
+        self.fleet.as_ref().map(|f| f.clone_ref(py))
     }
 
     /// Turns holding a run slot (including turns granted one that have not started yet).
@@ -674,6 +710,15 @@ impl PyAdmissionGate {
             d.set_item("shed", s.shed)?;
             d.set_item("max_rss_mb", max_rss_mb)?;
             d.set_item("cancelled", s.cancelled)?;
+            if let Some(fleet) = &self.fleet {
+                let f = fleet.get().fleet_stats(py)?;
+                d.set_item("fleet_in_flight", f.fleet_in_flight)?;
+                d.set_item("fleet_max_in_flight", f.max_in_flight)?;
+                d.set_item("fleet_backend_up", u8::from(f.backend_up))?;
+                d.set_item("fleet_lease_lost", f.lease_lost)?;
+                d.set_item("fleet_borrowed", f.borrowed)?;
+                d.set_item("fleet_outages", f.outages)?;
+            }
             Ok(d)
         })
     }
@@ -817,6 +862,9 @@ impl PyAdmissionGate {
             if let Some(p) = &*policy {
                 visit.call(p)?;
             }
+        }
+        if let Some(fleet) = &self.fleet {
+            visit.call(fleet)?;
         }
         self.resources.traverse(&visit)
     }

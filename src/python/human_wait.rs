@@ -11,6 +11,10 @@
 //! a thread that runs no event loop (a worker thread). A sync wait on a thread that is
 //! running an event loop blocks that loop, so a waiter on it could not run; lending there
 //! would only let the turn borrow on resume and take the gate past its ceiling.
+//!
+//! With a fleet-wide limit the turn's lease follows its slot: lent to the fleet where the slot
+//! is lent, reclaimed (or borrowed over the fleet cap) where the slot is taken back, without
+//! ever waiting on Redis ([`TurnLease`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::awaitables::ready;
 use super::errors::guard;
+use super::fleet::TurnLease;
 use super::runtime::running_loop;
 use super::wake::Core;
 use crate::core::TurnSlot;
@@ -71,12 +76,23 @@ pub struct HumanWaitFactory {
     slot: Arc<TurnSlot>,
     core: Arc<Core>,
     epoch: u64,
+    lease: Option<Arc<TurnLease>>,
 }
 
 impl HumanWaitFactory {
-    /// The factory for one admitted turn's slot.
-    pub fn new(slot: Arc<TurnSlot>, core: Arc<Core>, epoch: u64) -> Self {
-        Self { slot, core, epoch }
+    /// The factory for one admitted turn's slot (and fleet lease, with a fleet limit).
+    pub fn new(
+        slot: Arc<TurnSlot>,
+        core: Arc<Core>,
+        epoch: u64,
+        lease: Option<Arc<TurnLease>>,
+    ) -> Self {
+        Self {
+            slot,
+            core,
+            epoch,
+            lease,
+        }
     }
 }
 
@@ -92,6 +108,7 @@ impl HumanWaitFactory {
             slot: self.slot.clone(),
             core: self.core.clone(),
             epoch: self.epoch,
+            lease: self.lease.clone(),
             lent: AtomicBool::new(false),
         }
     }
@@ -105,6 +122,8 @@ pub struct HumanWait {
     slot: Arc<TurnSlot>,
     core: Arc<Core>,
     epoch: u64,
+    /// The turn's fleet lease, lent and taken back with the slot.
+    lease: Option<Arc<TurnLease>>,
     /// Whether this wait lent the slot (and so must take it back).
     lent: AtomicBool,
 }
@@ -118,12 +137,18 @@ impl HumanWait {
     fn suspend(&self) {
         if self.current() && !self.lent.swap(true, Ordering::AcqRel) {
             self.slot.suspend(&self.core).run();
+            if let Some(lease) = &self.lease {
+                lease.suspend();
+            }
         }
     }
 
     fn resume(&self) {
         if self.lent.swap(false, Ordering::AcqRel) && self.current() {
             self.slot.resume(&self.core);
+            if let Some(lease) = &self.lease {
+                lease.resume();
+            }
         }
     }
 }

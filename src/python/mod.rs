@@ -29,7 +29,7 @@ mod _admitgate {
     use super::errors::InternalError;
     #[pymodule_export]
     use super::fleet::{
-        _fleet_runtime_running, _reset_fleet_after_fork, PyFleetLease, PyFleetLimit,
+        _fleet_runtime_running, _reset_fleet_after_fork, LeaseWait, PyFleetLease, PyFleetLimit,
     };
     #[pymodule_export]
     use super::fork::{_invalidate_samplers, _reset_after_fork};

@@ -694,3 +694,48 @@ fn position_counts_older_waiters_and_granted_turns_and_scopes_are_reported() {
     assert_eq!(g.place_in_line(k1, || T0), None);
     assert_eq!(g.place_in_line(k2, || T0).map(|p| p.0), Some(1));
 }
+
+#[test]
+fn deferred_admission_counts_what_the_caller_experienced() {
+    // A fleet-wide limit: a turn granted its slot runs only once its lease comes.
+    let g = gate(1, 2, "reject", 0);
+    g.defer_admission();
+    let Arrival::Admitted(scope) = arrive(&g, "", Decision::Admit) else {
+        panic!("a free slot is granted");
+    };
+    let (k1, w1) = queue(&g, "");
+    let (k2, _w2) = queue(&g, "");
+    assert_eq!(stats(&g).admitted, 0, "granted, not yet admitted");
+    // The lease was refused: rejected, and the slot goes to the oldest waiter.
+    let (retry, wakes) = g.revoke(scope.as_deref(), Some(Rejection::FleetUnavailable), || T0);
+    wakes.run();
+    g.check_invariants();
+    assert!(retry.is_some());
+    assert_eq!(w1.woken(), 1);
+    assert_eq!(claim(&g, k1), Claim::Admitted(None));
+    let s = stats(&g);
+    assert_eq!(
+        (s.in_flight, s.queued, s.admitted, s.rejected),
+        (1, 1, 0, 1)
+    );
+    // Its caller gave up while waiting for the lease: cancelled, and the slot is handed on.
+    let (retry, wakes) = g.revoke(None, None, || T0);
+    wakes.run();
+    g.check_invariants();
+    assert_eq!(retry, None);
+    assert_eq!(claim(&g, k2), Claim::Admitted(None));
+    g.confirm();
+    let slot = TurnSlot::new(None);
+    close(&g, &slot);
+    let s = stats(&g);
+    assert_eq!(
+        (s.in_flight, s.queued, s.admitted, s.rejected, s.cancelled),
+        (0, 0, 1, 1, 1),
+        "every arrival counted once, as its caller saw it"
+    );
+    drop(g.reset());
+    let Arrival::Admitted(_) = arrive(&g, "", Decision::Admit) else {
+        panic!("a free slot is granted");
+    };
+    assert_eq!(stats(&g).admitted, 0, "a forked child's gate still defers");
+}

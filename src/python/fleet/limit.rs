@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_fleet::{ConfigError, FleetConfig, FleetLimit, OnBackendError};
+use admitgate_fleet::{ConfigError, FleetConfig, FleetLimit, FleetStats, OnBackendError};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -158,6 +158,12 @@ impl PyFleetLimit {
     /// The validated settings.
     pub fn config(&self) -> &FleetConfig {
         &self.config
+    }
+
+    /// The protocol's counters (the protocol's lock is waited for detached).
+    pub fn fleet_stats(&self, py: Python<'_>) -> PyResult<FleetStats> {
+        let limit = self.limit()?;
+        Ok(py.detach(|| limit.stats()))
     }
 }
 
@@ -344,8 +350,7 @@ impl PyFleetLimit {
     /// replica's leases and waiting turns).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         guard(|| {
-            let limit = self.limit()?;
-            let s = py.detach(|| limit.stats());
+            let s = self.fleet_stats(py)?;
             let d = PyDict::new(py);
             d.set_item("fleet_in_flight", s.fleet_in_flight)?;
             d.set_item("fleet_max_in_flight", s.max_in_flight)?;
