@@ -1,9 +1,9 @@
 """Gate an A2A agent's work, not only its requests: an ``AgentExecutor`` wrapper for ``a2a-sdk``.
 
-With ``SendMessage`` and ``returnImmediately``, the HTTP response returns as soon as the task
-exists while the agent keeps working, so a request-level cap (:mod:`admitgate.asgi`) does not
-bound that work. :class:`GatedAgentExecutor` holds a slot for the whole ``execute`` of a
-task::
+With ``SendMessage`` and ``returnImmediately``, the response returns as soon as the task
+exists while the agent keeps working, so a request-level cap (:mod:`admitgate.asgi`,
+:mod:`admitgate.grpc`) does not bound that work. :class:`GatedAgentExecutor` holds a slot
+for the whole ``execute`` of a task::
 
     handler = DefaultRequestHandler(
         agent_executor=GatedAgentExecutor(MyExecutor(), gate),
@@ -27,7 +27,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
 
 from ._errors import AdmissionRejected
-from .asgi import _adopt_request_slot
+from ._frontdoor import adopt_request_slot, checked_session
 
 __all__ = ["GatedAgentExecutor"]
 
@@ -54,13 +54,14 @@ class GatedAgentExecutor(AgentExecutor):
     ``SendMessage`` returns that task; with ``returnImmediately`` the client sees it when it
     polls or subscribes.
 
-    When this executor runs behind :class:`admitgate.asgi.AdmissionMiddleware` **on the same
-    gate**, it takes over the slot the request already holds instead of taking a second one
-    (a blocking ``SendMessage`` would otherwise need two slots, and a full gate would
-    deadlock): the slot is then released when both the response and ``execute`` are done,
-    counted under the request's transport and tenant. This needs the SDK's default request
-    handler (``DefaultRequestHandler``), which runs ``execute`` in a copy of the request's
-    context; give the legacy handler separate gates.
+    When this executor runs behind :class:`admitgate.asgi.AdmissionMiddleware` or
+    :class:`admitgate.grpc.AdmissionInterceptor` **on the same gate**, it takes over the slot
+    the request (or call) already holds instead of taking a second one (a blocking
+    ``SendMessage`` would otherwise need two slots, and a full gate would deadlock): the slot
+    is then released when both the response and ``execute`` are done, counted under the
+    request's transport and tenant. This needs the SDK's default request handler
+    (``DefaultRequestHandler``), which runs ``execute`` in a copy of the request's context;
+    give the legacy handler separate gates.
 
     Args:
         executor: the ``AgentExecutor`` doing the work.
@@ -108,16 +109,16 @@ class GatedAgentExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Run the wrapped ``execute`` holding a slot, or answer the task as refused."""
-        adopted = _adopt_request_slot(self.gate)
+        adopted = adopt_request_slot(self.gate)
         if adopted is not None:
             try:
                 await self.executor.execute(context, event_queue)
             finally:
                 await adopted.end_work()
             return
-        session = "" if self.session_id is None else self.session_id(context)
-        if type(session) is not str:
-            raise TypeError(f"session_id(context) must return a str, got {session!r}")
+        session = (
+            "" if self.session_id is None else checked_session(self.session_id(context), "context")
+        )
         admission = self.gate.admit(session_id=session, transport=self.transport)
         try:
             await admission.__aenter__()

@@ -59,10 +59,21 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
-import admitgate
-
 from ._admitgate import Ready
 from ._errors import AdmissionRejected
+from ._frontdoor import (
+    A2A_WORK_METHODS,
+    CURRENT_SLOT,
+    ERROR_DOMAIN,
+    ERROR_INFO_TYPE,
+    GATE_METHODS,
+    JSONRPC_REJECTED_CODE,
+    REASON_KEY,
+    RequestSlot,
+    checked_session,
+    refusal,
+    whole_seconds,
+)
 
 __all__ = [
     "ERROR_DOMAIN",
@@ -86,29 +97,16 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 """An ASGI 3 application."""
 
-JSONRPC_REJECTED_CODE: Final = -32029
-"""JSON-RPC error code of a refusal: in the implementation-defined server-error range
-(-32000..-32099) and outside the codes A2A uses (-32001..-32009)."""
+# JSONRPC_REJECTED_CODE and ERROR_DOMAIN are defined in ._frontdoor (the clients read them
+# too) and exported from here.
 
-ERROR_DOMAIN: Final = "admitgate"
-"""``ErrorInfo.domain`` of a REST refusal (the A2A SDK's own errors use ``a2a-protocol.org``)."""
-
-_ERROR_INFO_TYPE: Final = "type.googleapis.com/google.rpc.ErrorInfo"
 _RETRY_INFO_TYPE: Final = "type.googleapis.com/google.rpc.RetryInfo"
+_REASON_HEADER: Final = REASON_KEY.encode()
 
 # JSON-RPC methods that start or continue agent work (A2A 1.0 names, then v0.3 names).
 _WORK_METHODS: Final = frozenset(
-    {
-        "SendMessage",
-        "SendStreamingMessage",
-        "SubscribeToTask",
-        "message/send",
-        "message/stream",
-        "tasks/resubscribe",
-    }
+    {*A2A_WORK_METHODS, "message/send", "message/stream", "tasks/resubscribe"}
 )
-
-_GATE_METHODS: Final = ("work", "all")
 
 # What a request is, as far as the gate is concerned.
 _PASS: Final = 0  # not A2A: passthrough
@@ -116,59 +114,7 @@ _REST_READ: Final = 1  # an A2A REST request that reads, cancels or configures
 _REST_WORK: Final = 2  # an A2A REST request that starts or continues work
 _JSONRPC: Final = 3  # a POST to the JSON-RPC endpoint; the body decides
 
-_GET_LIKE: Final = frozenset({"GET", "HEAD"})
 _SUBSCRIBE_METHODS: Final = frozenset({"GET", "HEAD", "POST"})
-
-
-class _RequestSlot:
-    """The slot a gated request holds, shareable with :class:`admitgate.a2a.GatedAgentExecutor`.
-
-    The request holds one share until its response ends or its client disconnects; an
-    executor running that request's work on the same gate may adopt a second share, so the
-    slot is released when both are done and the same work never takes two slots.
-    """
-
-    __slots__ = ("gate", "_admission", "_request_share", "_work_share")
-
-    def __init__(self, gate: Any, admission: Any) -> None:
-        self.gate = gate
-        self._admission = admission
-        self._request_share = True
-        self._work_share = False
-
-    def adopt(self, gate: Any) -> bool:
-        """Take the work share if ``gate`` is this slot's gate and the request still holds it."""
-        if gate is not self.gate or not self._request_share or self._work_share:
-            return False
-        self._work_share = True
-        return True
-
-    async def end_request(self) -> None:
-        """Give back the request's share (idempotent)."""
-        if self._request_share:
-            self._request_share = False
-            if not self._work_share:
-                await self._admission.__aexit__(None, None, None)
-
-    async def end_work(self) -> None:
-        """Give back the adopted work share (idempotent)."""
-        if self._work_share:
-            self._work_share = False
-            if not self._request_share:
-                await self._admission.__aexit__(None, None, None)
-
-
-_CURRENT_SLOT: contextvars.ContextVar[_RequestSlot | None] = contextvars.ContextVar(
-    "admitgate_asgi_request_slot", default=None
-)
-
-
-def _adopt_request_slot(gate: Any) -> _RequestSlot | None:
-    """The slot of the gated request running in this context, adopted for its work, if any."""
-    slot = _CURRENT_SLOT.get()
-    if slot is not None and slot.adopt(gate):
-        return slot
-    return None
 
 
 def _route_path(scope: Scope) -> str:
@@ -417,7 +363,7 @@ class AdmissionMiddleware:
         prefix = _check_path("path_prefix", path_prefix, allow_empty=True).rstrip("/")
         if jsonrpc_path is not None:
             _check_path("jsonrpc_path", jsonrpc_path, allow_empty=False)
-        if gate_methods not in _GATE_METHODS:
+        if gate_methods not in GATE_METHODS:
             raise ValueError(f'gate_methods must be "work" or "all", got {gate_methods!r}')
         if session_id is not None and not callable(session_id):
             raise TypeError(
@@ -512,8 +458,8 @@ class AdmissionMiddleware:
         run it without one. Records the request once, whatever happens."""
         transport = "jsonrpc" if kind == _JSONRPC else "rest"
         end = 0.0
-        slot: _RequestSlot | None = None
-        token: contextvars.Token[_RequestSlot | None] | None = None
+        slot: RequestSlot | None = None
+        token: contextvars.Token[RequestSlot | None] | None = None
         try:
             # Read the start of the body before taking a slot: JSON-RPC needs it to know the
             # method, and a client that uploads slowly (or leaves) holds no slot meanwhile.
@@ -565,9 +511,9 @@ class AdmissionMiddleware:
                 await self.app(scope, replay, timed_send)
                 return
 
-            session = "" if self.session_id is None else self.session_id(scope)
-            if type(session) is not str:
-                raise TypeError(f"session_id(scope) must return a str, got {session!r}")
+            session = (
+                "" if self.session_id is None else checked_session(self.session_id(scope), "scope")
+            )
             admission = self.gate.admit(session_id=session, transport=transport)
             try:
                 entry = admission.__aenter__()
@@ -580,7 +526,7 @@ class AdmissionMiddleware:
                 end = perf_counter()
                 return
 
-            slot = _RequestSlot(self.gate, admission)
+            slot = RequestSlot(self.gate, admission)
             held = slot
 
             async def gated_receive() -> Message:
@@ -600,11 +546,11 @@ class AdmissionMiddleware:
                         end = perf_counter()
                         await held.end_request()
 
-            token = _CURRENT_SLOT.set(slot)
+            token = CURRENT_SLOT.set(slot)
             await self.app(scope, gated_receive, gated_send)
         finally:
             if token is not None:
-                _CURRENT_SLOT.reset(token)
+                CURRENT_SLOT.reset(token)
             if slot is not None:
                 await slot.end_request()
             self.gate.record_request(transport, (end or perf_counter()) - start)
@@ -612,10 +558,8 @@ class AdmissionMiddleware:
     async def _refuse(
         self, send: Send, transport: str, exc: AdmissionRejected, rpc_id: object
     ) -> None:
-        reason = exc.reason or "rejected"
-        status, grpc_status = admitgate.REJECTION_REASONS.get(reason, (429, "RESOURCE_EXHAUSTED"))
-        hint = self.retry_after if self.retry_after is not None else exc.retry_after
-        seconds = None if hint is None else max(0, math.ceil(hint))
+        reason, status, grpc_status, hint = refusal(exc, self.retry_after)
+        seconds = None if hint is None else whole_seconds(hint)
         if transport == "jsonrpc":
             payload: dict[str, Any] = {
                 "jsonrpc": "2.0",
@@ -630,7 +574,7 @@ class AdmissionMiddleware:
             metadata = {"reason": reason}
             details: list[dict[str, Any]] = [
                 {
-                    "@type": _ERROR_INFO_TYPE,
+                    "@type": ERROR_INFO_TYPE,
                     "reason": reason.upper(),
                     "domain": ERROR_DOMAIN,
                     "metadata": metadata,
@@ -651,7 +595,7 @@ class AdmissionMiddleware:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            (b"admitgate-reason", reason.encode()),
+            (_REASON_HEADER, reason.encode()),
         ]
         if seconds is not None:
             headers.append((b"retry-after", str(seconds).encode()))

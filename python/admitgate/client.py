@@ -45,6 +45,8 @@ from typing import Any, Final
 import anyio
 import httpx
 
+from ._frontdoor import ERROR_DOMAIN, ERROR_INFO_TYPE, JSONRPC_REJECTED_CODE, REASON_KEY
+
 __all__ = ["RetryingTransport", "is_admission_refusal"]
 
 logger = logging.getLogger("admitgate")
@@ -52,10 +54,6 @@ logger = logging.getLogger("admitgate")
 _RETRY_STATUSES: Final = frozenset({429, 503})
 _IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 _MAX_INSPECTED_BODY: Final = 16 * 1024
-# Kept equal to admitgate.asgi's constants (importing that module here is not needed).
-_JSONRPC_REJECTED_CODE: Final = -32029
-_ERROR_DOMAIN: Final = "admitgate"
-_ERROR_INFO_TYPE: Final = "type.googleapis.com/google.rpc.ErrorInfo"
 
 
 def _number(name: str, value: object, *, low: float, high: float = math.inf) -> float:
@@ -97,14 +95,14 @@ def is_admission_refusal(payload: Any) -> bool:
         return False
     if payload.get("jsonrpc") == "2.0":
         code = error.get("code")
-        return type(code) is int and code == _JSONRPC_REJECTED_CODE
+        return type(code) is int and code == JSONRPC_REJECTED_CODE
     details = error.get("details")
     if not isinstance(details, list):
         return False
     return any(
         isinstance(d, dict)
-        and d.get("@type") == _ERROR_INFO_TYPE
-        and d.get("domain") == _ERROR_DOMAIN
+        and d.get("@type") == ERROR_INFO_TYPE
+        and d.get("domain") == ERROR_DOMAIN
         for d in details
     )
 
@@ -178,7 +176,7 @@ class RetryingTransport(httpx.AsyncBaseTransport):
             hint = _retry_after(response)
             if hint is None:
                 return response
-            if request.method not in _IDEMPOTENT and "admitgate-reason" not in response.headers:
+            if request.method not in _IDEMPOTENT and REASON_KEY not in response.headers:
                 response, refusal = await self._inspect(request, response)
                 if not refusal:
                     return response

@@ -35,7 +35,19 @@ import grpc
 import grpc.aio
 
 from ._errors import AdmissionRejected
-from .asgi import _CURRENT_SLOT, ERROR_DOMAIN, _RequestSlot
+from ._frontdoor import (
+    A2A_WORK_METHODS,
+    CURRENT_SLOT,
+    ERROR_DOMAIN,
+    GATE_METHODS,
+    REASON_KEY,
+    Refusal,
+    RequestSlot,
+    check_gate,
+    checked_session,
+    refusal,
+    whole_ms,
+)
 
 try:  # google.rpc ships with googleapis-common-protos (a dependency of a2a-sdk and grpcio-status)
     from google.protobuf import any_pb2, duration_pb2  # type: ignore[import-untyped]
@@ -63,11 +75,11 @@ A2A_SERVICES: frozenset[str] = frozenset({"lf.a2a.v1.A2AService", "a2a.v1.A2ASer
 #: The A2A methods that start or continue agent work: gated by default (``gate_methods="work"``).
 #: Reads (``GetTask``, ``ListTasks``, the agent card), ``CancelTask`` and the push-notification
 #: configuration calls pass, so a saturated agent can still be polled and told to stop.
+#: They are ``SendMessage``, ``SendStreamingMessage`` and ``SubscribeToTask`` (the same as over
+#: HTTP), which the v0.3 service names ``TaskSubscription``.
 WORK_METHODS: frozenset[str] = frozenset(
     {
-        "/lf.a2a.v1.A2AService/SendMessage",
-        "/lf.a2a.v1.A2AService/SendStreamingMessage",
-        "/lf.a2a.v1.A2AService/SubscribeToTask",
+        *(f"/lf.a2a.v1.A2AService/{name}" for name in A2A_WORK_METHODS),
         "/a2a.v1.A2AService/SendMessage",
         "/a2a.v1.A2AService/SendStreamingMessage",
         "/a2a.v1.A2AService/TaskSubscription",
@@ -80,15 +92,11 @@ PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 
 #: The trailer carrying the gate's reason (``queue_full``, ``shed``, ``memory_pressure``...);
 #: its presence marks a refusal by this front door, which never reached the agent.
-REASON_TRAILER = "admitgate-reason"
+REASON_TRAILER = REASON_KEY
 
 #: The transport label of gated calls, and the label of calls that pass ungated.
 TRANSPORT = "grpc"
 PASSTHROUGH = "passthrough"
-
-# What the gate answers for a reason missing from REJECTION_REASONS (an AdmissionRejected
-# raised by user code with reason=None): "try again later".
-_DEFAULT_STATUS = "RESOURCE_EXHAUSTED"
 
 # Status codes a refusal by this front door can carry, and so the only ones retried.
 _REFUSAL_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
@@ -140,8 +148,18 @@ def session_from_metadata(key: str, *, default: str = "") -> SessionId:
     return session_id
 
 
-def _ms(seconds: float) -> str:
-    return str(math.ceil(seconds * 1000.0))
+def _seconds_or_none(name: str, value: object) -> float | None:
+    """``value`` as a float if it is ``None`` or a finite number of seconds > 0."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a finite number of seconds > 0 or None, got {value!r}")
+    return float(value)
 
 
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):
@@ -183,32 +201,16 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         session_id: SessionId | None = None,
         retry_after: float | None = None,
     ) -> None:
-        from . import AdmissionGate
-
-        if not isinstance(gate, AdmissionGate):
-            hint = (
-                " (build_admission_gate returns None when nothing is configured)"
-                if gate is None
-                else ""
-            )
-            raise TypeError(f"gate must be an admitgate.AdmissionGate, got {gate!r}{hint}")
-        if gate_methods not in ("work", "all"):
+        check_gate(gate)
+        if gate_methods not in GATE_METHODS:
             raise ValueError(f"gate_methods must be 'work' or 'all', got {gate_methods!r}")
         if session_id is not None and not callable(session_id):
             raise TypeError(f"session_id must be a callable or None, got {session_id!r}")
-        if retry_after is not None and (
-            isinstance(retry_after, bool)
-            or not isinstance(retry_after, (int, float))
-            or not math.isfinite(retry_after)
-            or retry_after <= 0
-        ):
-            raise ValueError(
-                f"retry_after must be a finite number of seconds > 0 or None, got {retry_after!r}"
-            )
+        fixed_retry_after = _seconds_or_none("retry_after", retry_after)
         self._gate = gate
         self._gate_all = gate_methods == "all"
         self._session_id = session_id
-        self._retry_after = None if retry_after is None else float(retry_after)
+        self._retry_after = fixed_retry_after
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     @property
@@ -262,7 +264,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 started = time.perf_counter()
                 try:
                     slot = await self._enter(method, context)
-                    token = _CURRENT_SLOT.set(slot)
+                    token = CURRENT_SLOT.set(slot)
                     try:
                         async with aclosing(behaviour(request, context)) as responses:
                             async for response in responses:
@@ -281,7 +283,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             try:
                 slot = await self._enter(method, context)
-                token = _CURRENT_SLOT.set(slot)
+                token = CURRENT_SLOT.set(slot)
                 try:
                     return await behaviour(request, context)
                 finally:
@@ -292,41 +294,33 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
 
         return _rebuild(handler, unary)
 
-    async def _enter(
-        self, method: str, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> _RequestSlot:
+    async def _enter(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> RequestSlot:
         """Admit the call (waiting in the gate's queue if need be), or end it refused.
 
         The slot is shared with a :class:`admitgate.a2a.GatedAgentExecutor` on the same gate
         that runs this call's work, so that work never takes a second slot."""
-        session: object = ""
+        session = ""
         if self._session_id is not None:
-            session = self._session_id(_CallDetails(method, context.invocation_metadata() or ()))
-        if type(session) is not str:
-            raise TypeError(f"session_id(handler_call_details) must return a str, got {session!r}")
+            details = _CallDetails(method, context.invocation_metadata() or ())
+            session = checked_session(self._session_id(details), "handler_call_details")
         admission = self._gate.admit(session_id=session, transport=TRANSPORT)
         try:
             await admission.__aenter__()
         except AdmissionRejected as exc:
             await self._refuse(context, exc)
             raise  # not reached: abort raises
-        return _RequestSlot(self._gate, admission)
+        return RequestSlot(self._gate, admission)
 
     async def _refuse(
         self, context: grpc.aio.ServicerContext[Any, Any], exc: AdmissionRejected
     ) -> None:
-        from . import REJECTION_REASONS
-
-        reason = exc.reason or "rejected"
-        code = grpc.StatusCode[REJECTION_REASONS.get(reason, (0, _DEFAULT_STATUS))[1]]
-        retry_after = self._retry_after
-        if retry_after is None:
-            retry_after = getattr(exc, "retry_after", None)
-        trailers: list[tuple[str, str | bytes]] = [(REASON_TRAILER, reason)]
-        if retry_after is not None:
-            trailers.append((PUSHBACK_TRAILER, _ms(retry_after)))
+        answer = refusal(exc, self._retry_after)
+        code = grpc.StatusCode[answer.grpc_status]
+        trailers: list[tuple[str, str | bytes]] = [(REASON_TRAILER, answer.reason)]
+        if answer.retry_after is not None:
+            trailers.append((PUSHBACK_TRAILER, str(whole_ms(answer.retry_after))))
         if _RICH_STATUS:
-            trailers.append(("grpc-status-details-bin", _status_details(code, exc, retry_after)))
+            trailers.append(("grpc-status-details-bin", _status_details(code, exc.message, answer)))
         await context.abort(code, exc.message, trailing_metadata=tuple(trailers))
 
     # -- passthrough -------------------------------------------------------------------------
@@ -386,7 +380,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
 
 def _reset(token: contextvars.Token[Any]) -> None:
     try:
-        _CURRENT_SLOT.reset(token)
+        CURRENT_SLOT.reset(token)
     except ValueError:  # a stream closed from another context: nothing of ours to restore
         pass
 
@@ -424,24 +418,22 @@ def _rebuild(
     )
 
 
-def _status_details(
-    code: grpc.StatusCode, exc: AdmissionRejected, retry_after: float | None
-) -> bytes:
+def _status_details(code: grpc.StatusCode, message: str, answer: Refusal) -> bytes:
     """A serialized ``google.rpc.Status`` with ``ErrorInfo`` (the reason) and, when there is
     a hint, ``RetryInfo``: the rich error model Google's client libraries read."""
-    status = status_pb2.Status(code=code.value[0], message=exc.message)
+    status = status_pb2.Status(code=code.value[0], message=message)
     info = any_pb2.Any()
     info.Pack(
         error_details_pb2.ErrorInfo(
-            reason=(exc.reason or "rejected").upper(),
+            reason=answer.reason.upper(),
             domain=ERROR_DOMAIN,
-            metadata={"reason": exc.reason or "rejected"},
+            metadata={"reason": answer.reason},
         )
     )
     status.details.append(info)
-    if retry_after is not None:
+    if answer.retry_after is not None:
         delay = duration_pb2.Duration()
-        delay.FromMilliseconds(math.ceil(retry_after * 1000.0))
+        delay.FromMilliseconds(whole_ms(answer.retry_after))
         retry = any_pb2.Any()
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         status.details.append(retry)
@@ -463,15 +455,7 @@ class _PushbackRetry:
     ) -> None:
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
-        if deadline_s is not None and (
-            isinstance(deadline_s, bool)
-            or not isinstance(deadline_s, (int, float))
-            or not math.isfinite(deadline_s)
-            or deadline_s <= 0
-        ):
-            raise ValueError(
-                f"deadline_s must be a finite number of seconds > 0 or None, got {deadline_s!r}"
-            )
+        deadline = _seconds_or_none("deadline_s", deadline_s)
         if (
             isinstance(jitter, bool)
             or not isinstance(jitter, (int, float))
@@ -479,7 +463,7 @@ class _PushbackRetry:
         ):
             raise ValueError(f"jitter must be a number between 0 and 1, got {jitter!r}")
         self._max_retries = max_retries
-        self._deadline_s = None if deadline_s is None else float(deadline_s)
+        self._deadline_s = deadline
         self._jitter = float(jitter)
 
     @property

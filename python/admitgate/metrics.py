@@ -43,6 +43,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from ._frontdoor import check_gate
+
 __all__ = ["FLEET_METRICS", "GateCollector", "register", "unregister"]
 
 _PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -92,7 +94,7 @@ class GateCollector:
         Every gate of a collector needs a distinct name, except a collector's only gate,
         which may have none. ``ValueError`` otherwise.
         """
-        _check_gate(gate)
+        check_gate(gate)
         _check_name(name)
         with self._lock:
             if any(member is gate for member in self._members.values()):
@@ -267,18 +269,6 @@ def _check_name(name: object) -> None:
         )
 
 
-def _check_gate(gate: object) -> None:
-    from . import AdmissionGate
-
-    if not isinstance(gate, AdmissionGate):
-        hint = (
-            " (build_admission_gate returns None when nothing is configured)"
-            if gate is None
-            else ""
-        )
-        raise TypeError(f"gate must be an admitgate.AdmissionGate, got {gate!r}{hint}")
-
-
 def _check_registry(registry: object) -> CollectorRegistry:
     if registry is None:
         return REGISTRY
@@ -319,7 +309,7 @@ def register(
     Undo with :func:`unregister`, or ``registry.unregister(collector)`` for every gate of
     that prefix.
     """
-    _check_gate(gate)
+    check_gate(gate)
     _check_prefix(prefix)
     _check_name(name)
     target = _check_registry(registry)

@@ -1,0 +1,168 @@
+"""What every front door shares: the request's slot, the work rule and the refusal's marks.
+
+The HTTP middleware (:mod:`admitgate.asgi`), the gRPC interceptor (:mod:`admitgate.grpc`),
+the executor wrapper (:mod:`admitgate.a2a`) and the clients that recognise a refusal
+(:mod:`admitgate.client`, the gRPC client interceptors) meet here, so no front door imports
+another's private names:
+
+- the slot of the gated request in flight (:class:`RequestSlot` in :data:`CURRENT_SLOT`),
+  which a ``GatedAgentExecutor`` running that request's work on the same gate takes over
+  (:func:`adopt_request_slot`) instead of taking a second slot;
+- which A2A methods start or continue agent work (:data:`A2A_WORK_METHODS`);
+- how a refusal is answered (:func:`refusal`: the reason, its statuses from
+  :data:`admitgate.REJECTION_REASONS`, the retry hint, rounded up by :func:`whole_seconds`
+  and :func:`whole_ms`) and the marks a client knows it by (:data:`REASON_KEY`,
+  :data:`ERROR_DOMAIN`, :data:`JSONRPC_REJECTED_CODE`);
+- the check of what a ``session_id`` callable returns, and the check of ``gate`` that the
+  gRPC interceptor and the metrics collector (:mod:`admitgate.metrics`) make.
+
+It imports no front door, nor grpc, httpx or the A2A SDK.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from typing import Any, Final, NamedTuple
+
+from ._admitgate import AdmissionGate
+from ._errors import REJECTION_REASONS, AdmissionRejected
+
+# -- the request's slot ------------------------------------------------------------------------
+
+
+class RequestSlot:
+    """The slot a gated request holds, shareable with :class:`admitgate.a2a.GatedAgentExecutor`.
+
+    The request holds one share until its response ends or its client disconnects; an
+    executor running that request's work on the same gate may adopt a second share, so the
+    slot is released when both are done and the same work never takes two slots.
+    """
+
+    __slots__ = ("gate", "_admission", "_request_share", "_work_share")
+
+    def __init__(self, gate: Any, admission: Any) -> None:
+        self.gate = gate
+        self._admission = admission
+        self._request_share = True
+        self._work_share = False
+
+    def adopt(self, gate: Any) -> bool:
+        """Take the work share if ``gate`` is this slot's gate and the request still holds it."""
+        if gate is not self.gate or not self._request_share or self._work_share:
+            return False
+        self._work_share = True
+        return True
+
+    async def end_request(self) -> None:
+        """Give back the request's share (idempotent)."""
+        if self._request_share:
+            self._request_share = False
+            if not self._work_share:
+                await self._admission.__aexit__(None, None, None)
+
+    async def end_work(self) -> None:
+        """Give back the adopted work share (idempotent)."""
+        if self._work_share:
+            self._work_share = False
+            if not self._request_share:
+                await self._admission.__aexit__(None, None, None)
+
+
+CURRENT_SLOT: contextvars.ContextVar[RequestSlot | None] = contextvars.ContextVar(
+    "admitgate_request_slot", default=None
+)
+"""The slot of the gated request (HTTP or gRPC) whose handler runs in this context."""
+
+
+def adopt_request_slot(gate: Any) -> RequestSlot | None:
+    """The slot of the gated request running in this context, adopted for its work, if any."""
+    slot = CURRENT_SLOT.get()
+    if slot is not None and slot.adopt(gate):
+        return slot
+    return None
+
+
+# -- which requests are gated ------------------------------------------------------------------
+
+A2A_WORK_METHODS: Final = ("SendMessage", "SendStreamingMessage", "SubscribeToTask")
+"""The A2A methods that start or continue agent work, as A2A 1.0 names them in every binding.
+Each front door adds its own spelling of the v0.3 names (they differ between bindings)."""
+
+GATE_METHODS: Final = ("work", "all")
+"""The values of a front door's ``gate_methods``."""
+
+# -- refusals ----------------------------------------------------------------------------------
+
+ERROR_DOMAIN: Final = "admitgate"
+"""``ErrorInfo.domain`` of a REST refusal (the A2A SDK's own errors use ``a2a-protocol.org``)."""
+
+ERROR_INFO_TYPE: Final = "type.googleapis.com/google.rpc.ErrorInfo"
+"""The ``@type`` of ``google.rpc.ErrorInfo`` in a JSON error's ``details``."""
+
+JSONRPC_REJECTED_CODE: Final = -32029
+"""JSON-RPC error code of a refusal: in the implementation-defined server-error range
+(-32000..-32099) and outside the codes A2A uses (-32001..-32009)."""
+
+REASON_KEY: Final = "admitgate-reason"
+"""The HTTP header and gRPC trailer carrying a refusal's reason; its presence marks a refusal
+by a front door, which never reached the agent."""
+
+DEFAULT_STATUSES: Final = (429, "RESOURCE_EXHAUSTED")
+"""The HTTP status and gRPC code of a reason missing from ``REJECTION_REASONS`` (an
+``AdmissionRejected`` raised by user code with ``reason=None``): "try again later"."""
+
+
+class Refusal(NamedTuple):
+    """How a front door answers one ``AdmissionRejected``."""
+
+    reason: str
+    """The gate's reason, ``"rejected"`` when it gave none."""
+    http_status: int
+    """429 or 503, from ``REJECTION_REASONS``."""
+    grpc_status: str
+    """The ``grpc.StatusCode`` name, from ``REJECTION_REASONS``."""
+    retry_after: float | None
+    """The hint to send, in seconds: the front door's fixed one, else the gate's, else none."""
+
+
+def refusal(exc: AdmissionRejected, retry_after: float | None) -> Refusal:
+    """The answer to ``exc`` for a front door configured with ``retry_after`` (``None``: use
+    the gate's hint)."""
+    reason = exc.reason or "rejected"
+    http_status, grpc_status = REJECTION_REASONS.get(reason, DEFAULT_STATUSES)
+    hint = retry_after if retry_after is not None else exc.retry_after
+    return Refusal(reason, http_status, grpc_status, hint)
+
+
+def whole_seconds(hint: float) -> int:
+    """A retry hint as ``Retry-After`` sends it: whole seconds, rounded up, never negative."""
+    return max(0, math.ceil(hint))
+
+
+def whole_ms(hint: float) -> int:
+    """A retry hint as ``grpc-retry-pushback-ms`` and ``RetryInfo`` send it: whole
+    milliseconds, rounded up."""
+    return math.ceil(hint * 1000.0)
+
+
+# -- argument checks ---------------------------------------------------------------------------
+
+
+def check_gate(gate: object) -> None:
+    """``TypeError`` unless ``gate`` is an :class:`admitgate.AdmissionGate`."""
+    if not isinstance(gate, AdmissionGate):
+        hint = (
+            " (build_admission_gate returns None when nothing is configured)"
+            if gate is None
+            else ""
+        )
+        raise TypeError(f"gate must be an admitgate.AdmissionGate, got {gate!r}{hint}")
+
+
+def checked_session(session: object, argument: str) -> str:
+    """``session``, what ``session_id(<argument>)`` returned, if it is a str; ``TypeError``
+    otherwise."""
+    if type(session) is not str:
+        raise TypeError(f"session_id({argument}) must return a str, got {session!r}")
+    return session
