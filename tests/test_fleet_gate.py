@@ -285,3 +285,42 @@ def test_a_human_wait_lends_the_lease_fleet_wide_and_resumes_without_blocking(
     run(scenario(), timeout=20)
     settled(here, 1)
     settled(there, 1)
+
+
+def test_closing_the_gate_refuses_turns_waiting_for_their_lease(
+    redis_server: RedisServer,
+) -> None:
+    key = new_key()
+    other = FleetLimit(redis_server.url, key, 1)
+    gate = build_admission_gate(max_concurrent_runs=3, fleet=FleetLimit(redis_server.url, key, 1))
+    assert gate is not None
+    r = redis_server.client()
+    refused: list[str | None] = []
+
+    def blocked() -> None:
+        try:
+            with gate.admit_sync():
+                refused.append("ran")
+        except AdmissionRejected as exc:
+            refused.append(exc.reason)
+
+    async def scenario() -> None:
+        held = await other.acquire()
+        waiting = asyncio.ensure_future(gate.admit().__aenter__())
+        thread = threading.Thread(target=blocked)
+        thread.start()
+        await eventually(lambda: gate.in_flight == 2, "both hold a slot, waiting for a lease")
+        report = await gate.close(drain_timeout=5)
+        with pytest.raises(AdmissionRejected) as closed:
+            await waiting
+        assert closed.value.reason == "closing"
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+        assert refused == ["closing"]
+        assert report.still_running == 0 and gate.in_flight == 0
+        await eventually(lambda: r.zcard(f"{{{key}}}:tickets") == 0, "tickets withdrawn")
+        await held.release()
+
+    run(scenario(), timeout=20)
+    assert (gate.admitted, gate.rejected) == (0, 2)
+    assert gate.transport_stats()["direct"]["rejected"]["closing"] == 2
+    settled(gate, 2)

@@ -392,6 +392,7 @@ impl Admission {
                         fleet.clone_ref(py),
                         this.lease_scope(py)?,
                         this.deadline(),
+                        this.gate.get().lease_waits.register(),
                     );
                     // If the awaitable cannot be made, dropping it hands the slot on.
                     Ok(Py::new(py, wait)?.into_any())
@@ -420,6 +421,7 @@ impl Admission {
                             fleet.clone_ref(py),
                             this.lease_scope(py)?,
                             deadline,
+                            this.gate.get().lease_waits.register(),
                         );
                         Ok(Py::new(py, wait)?.into_any())
                     }
@@ -466,7 +468,8 @@ impl Admission {
             return Ok(());
         };
         // The local slot is held: now the lease, on this thread too.
-        match acquire_blocking(py, fleet.get(), this.lease_scope(py)?, deadline) {
+        let interrupt = this.gate.get().lease_waits.register();
+        match acquire_blocking(py, fleet.get(), this.lease_scope(py)?, deadline, &interrupt) {
             Err(err) => {
                 Self::lease_cancelled(slf);
                 Err(err)
@@ -482,6 +485,10 @@ impl Admission {
             Ok(Err(Blocked::TimedOut)) => {
                 let retry = Self::lease_refused(slf, Rejection::Timeout);
                 Err(rejection(py, Rejection::Timeout, retry))
+            }
+            Ok(Err(Blocked::Ended(reason))) => {
+                let retry = Self::lease_refused(slf, reason);
+                Err(rejection(py, reason, retry))
             }
             Ok(Err(Blocked::Interrupted(err))) => {
                 Self::lease_cancelled(slf);

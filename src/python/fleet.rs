@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 pub use lease::PyFleetLease;
 pub use limit::PyFleetLimit;
 pub use runtime::epoch as fleet_epoch;
-pub use turn::{acquire_blocking, lease_scope, Blocked, LeaseWait, TurnLease};
+pub use turn::{acquire_blocking, lease_scope, Blocked, LeaseWait, LeaseWaits, TurnLease};
 
 /// In a freshly forked child: the parent's fleet runtime, limits and leases are forgotten (the
 /// child never gives back the parent's leases); each limit is rebuilt on first use. Called by

@@ -18,7 +18,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::admission::{Admission, AdmitArgs};
 use super::args::{self, Arg};
 use super::errors::guard;
-use super::fleet::PyFleetLimit;
+use super::fleet::{LeaseWaits, PyFleetLimit};
 use super::fork::register_gate;
 use super::human_wait::human_wait_scope;
 use super::policy::{decision_from, not_a_decision, PyConcurrencyLimitPolicy};
@@ -57,6 +57,8 @@ pub struct PyAdmissionGate {
     warned_policy: AtomicBool,
     /// The fleet-wide limit: a turn runs once it has its local slot and a lease.
     fleet: Option<Py<PyFleetLimit>>,
+    /// Turns waiting for their leases, refused (`closing`) when the gate closes.
+    pub lease_waits: LeaseWaits,
 }
 
 /// A limit a custom policy object declares: a missing attribute (or `None`, 0) means 0;
@@ -362,6 +364,7 @@ impl PyAdmissionGate {
                 resources,
                 warned_policy: AtomicBool::new(false),
                 fleet: fleet.map(Bound::unbind),
+                lease_waits: LeaseWaits::default(),
             };
             gate.set_queue_timeout(declared.queue_timeout);
             Ok(gate)
@@ -526,6 +529,8 @@ impl PyAdmissionGate {
     fn _begin_close(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
         guard(|| {
             let refused = self.core.begin_close(py);
+            // Turns holding a slot while they wait for a fleet lease are waiting too.
+            self.lease_waits.refuse_all(py, Rejection::Closing);
             Ok((self.core.running().0, refused))
         })
     }

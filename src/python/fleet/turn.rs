@@ -16,7 +16,6 @@
 //! with a fleet, the gate's core defers admission until the lease comes (see the core's
 //! "deferred admission").
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -216,28 +215,86 @@ impl Drop for TurnLease {
 
 // -- waiting for it, async ---------------------------------------------------------------
 
-/// Refuses a turn whose lease did not come within its queue timeout: cancels the lease future
-/// (scheduled with `call_later` on the turn's loop).
+/// What ends a turn's wait for its lease from outside, and why: its deadline (`timeout`) or
+/// its gate closing (`closing`). Firing it records the reason and cancels the lease future on
+/// its own loop (a blocked thread sees the reason within a slice).
+#[derive(Default)]
+pub struct Interrupt {
+    reason: Mutex<Option<Rejection>>,
+    /// The lease future and its loop, once asked for.
+    fut: Mutex<Option<(Py<PyAny>, Py<PyAny>)>>,
+}
+
+impl Interrupt {
+    /// Why the wait was ended from outside, if it was.
+    pub fn reason(&self) -> Option<Rejection> {
+        *self.reason.lock()
+    }
+
+    /// Ends the wait for `reason` (the first reason wins).
+    fn fire(&self, py: Python<'_>, reason: Rejection) {
+        {
+            let mut current = self.reason.lock();
+            if current.is_some() {
+                return;
+            }
+            *current = Some(reason);
+        }
+        let fut = self
+            .fut
+            .lock()
+            .as_ref()
+            .map(|(fut, event_loop)| (fut.clone_ref(py), event_loop.clone_ref(py)));
+        if let Some((fut, event_loop)) = fut {
+            // Any thread may close a gate: the future is cancelled on its own loop.
+            if let Ok(cancel) = fut.bind(py).getattr(pyo3::intern!(py, "cancel")) {
+                let _ = event_loop
+                    .bind(py)
+                    .call_method1(pyo3::intern!(py, "call_soon_threadsafe"), (cancel,));
+            }
+        }
+    }
+}
+
+/// A gate's turns waiting for their leases, so that closing the gate refuses them as it
+/// refuses its queued turns.
+#[derive(Default)]
+pub struct LeaseWaits(Mutex<Vec<std::sync::Weak<Interrupt>>>);
+
+impl LeaseWaits {
+    /// Registers a new wait.
+    pub fn register(&self) -> Arc<Interrupt> {
+        let interrupt = Arc::new(Interrupt::default());
+        let mut all = self.0.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&interrupt));
+        interrupt
+    }
+
+    /// Ends every registered wait for `reason`; their turns are refused with it.
+    pub fn refuse_all(&self, py: Python<'_>, reason: Rejection) {
+        // Collected under the lock, fired after it: firing calls Python.
+        let live: Vec<Arc<Interrupt>> = self.0.lock().iter().filter_map(|w| w.upgrade()).collect();
+        for interrupt in live {
+            interrupt.fire(py, reason);
+        }
+    }
+}
+
+/// Refuses a turn whose lease did not come within its queue timeout (scheduled with
+/// `call_later` on the turn's loop).
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct LeaseTimer {
-    fut: Py<PyAny>,
-    fired: Arc<AtomicBool>,
+    interrupt: Arc<Interrupt>,
 }
 
 #[pymethods]
 impl LeaseTimer {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         guard(|| {
-            self.fired.store(true, Ordering::Release);
-            self.fut
-                .bind(py)
-                .call_method0(pyo3::intern!(py, "cancel"))
-                .map(drop)
+            self.interrupt.fire(py, Rejection::Timeout);
+            Ok(())
         })
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.fut)
     }
 }
 
@@ -261,7 +318,7 @@ pub struct LeaseWait {
     scope: Arc<str>,
     /// When the queue timeout refuses the turn, on [`now`]'s clock.
     deadline: Option<Duration>,
-    fired: Arc<AtomicBool>,
+    interrupt: Arc<Interrupt>,
     state: Mutex<WaitState>,
 }
 
@@ -295,6 +352,7 @@ impl LeaseWait {
         fleet: Py<PyFleetLimit>,
         scope: Arc<str>,
         deadline: Option<Duration>,
+        interrupt: Arc<Interrupt>,
     ) -> Self {
         Self {
             admission,
@@ -308,7 +366,7 @@ impl LeaseWait {
             fleet,
             scope,
             deadline,
-            fired: Arc::new(AtomicBool::new(false)),
+            interrupt,
         }
     }
 
@@ -325,27 +383,28 @@ impl LeaseWait {
         if let Some(timer) = timer {
             let _ = timer.bind(py).call_method0(pyo3::intern!(py, "cancel"));
         }
+        // Nothing is left to cancel from outside (and the loop is not kept alive by it).
+        let asked = self.interrupt.fut.lock().take();
+        drop(asked);
         true
     }
 
     /// Asks for the lease: the future to yield, with the deadline's timer set.
     fn ask(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let event_loop = running_loop(py)?.ok_or_else(|| {
+            PyRuntimeError::new_err("gate.admit() must be awaited inside a running event loop")
+        })?;
         let fut = lease_future(py, self.fleet.get(), self.scope.clone())?;
+        *self.interrupt.fut.lock() = Some((fut.clone().unbind(), event_loop.clone().unbind()));
         let timer = match self.deadline {
             Some(deadline) => {
                 let delay = deadline.saturating_sub(now()).as_secs_f64();
                 let expire = Py::new(
                     py,
                     LeaseTimer {
-                        fut: fut.clone().unbind(),
-                        fired: self.fired.clone(),
+                        interrupt: self.interrupt.clone(),
                     },
                 )?;
-                let event_loop = running_loop(py)?.ok_or_else(|| {
-                    PyRuntimeError::new_err(
-                        "gate.admit() must be awaited inside a running event loop",
-                    )
-                })?;
                 Some(
                     event_loop
                         .call_method1(pyo3::intern!(py, "call_later"), (delay, expire))?
@@ -395,9 +454,9 @@ impl LeaseWait {
     }
 
     /// The turn gives up waiting for its lease (cancelled, closed, dropped), or its deadline
-    /// passed: the lease future is cancelled (a lease it already holds goes back) and the
-    /// local slot is handed on. Returns the error to raise: `thrown`, or the timeout's
-    /// refusal when the deadline fired.
+    /// passed or its gate closed: the lease future is cancelled (a lease it already holds goes
+    /// back) and the local slot is handed on. Returns the error to raise: `thrown`, or the
+    /// refusal (`timeout`, `closing`) when the wait was ended from outside.
     fn gave_up(&self, py: Python<'_>, thrown: Option<PyErr>) -> PyErr {
         self.finish(py);
         let fut = self.state.lock().fut.as_ref().map(|f| f.clone_ref(py));
@@ -417,9 +476,9 @@ impl LeaseWait {
             }
         }
         let admission = self.admission.bind(py);
-        if self.fired.load(Ordering::Acquire) {
-            let retry = Admission::lease_refused(admission, Rejection::Timeout);
-            return rejection(py, Rejection::Timeout, retry);
+        if let Some(reason) = self.interrupt.reason() {
+            let retry = Admission::lease_refused(admission, reason);
+            return rejection(py, reason, retry);
         }
         Admission::lease_cancelled(admission);
         thrown.unwrap_or_else(|| {
@@ -454,6 +513,8 @@ impl LeaseWait {
         }
         let fut = match fut {
             Some(fut) => fut,
+            // The gate closed (or the deadline passed) before the lease was asked for.
+            None if self.interrupt.reason().is_some() => return Err(self.gave_up(py, None)),
             None => self.ask(py)?,
         };
         let bound = fut.bind(py);
@@ -578,6 +639,8 @@ pub enum Blocked {
     Refused(Duration),
     /// The deadline passed.
     TimedOut,
+    /// Ended from outside: the gate closed.
+    Ended(Rejection),
     /// A signal handler raised (`KeyboardInterrupt`...).
     Interrupted(PyErr),
 }
@@ -591,6 +654,7 @@ pub fn acquire_blocking(
     fleet: &PyFleetLimit,
     scope: Arc<str>,
     deadline: Option<Duration>,
+    interrupt: &Interrupt,
 ) -> PyResult<Result<Lease, Blocked>> {
     let limit = fleet.limit()?;
     let retry = fleet.config().probe_interval;
@@ -623,6 +687,10 @@ pub fn acquire_blocking(
         if let Err(err) = py.check_signals() {
             task.abort();
             return Ok(Err(Blocked::Interrupted(err)));
+        }
+        if let Some(reason) = interrupt.reason() {
+            task.abort();
+            return Ok(Err(Blocked::Ended(reason)));
         }
     }
 }
