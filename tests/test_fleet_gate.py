@@ -270,7 +270,7 @@ def test_a_human_wait_lends_the_lease_fleet_wide_and_resumes_without_blocking(
                 waiting = other.start(1)
                 await eventually(lambda: other.entered == 1, "the other replica got it")
                 resumed = time.monotonic()
-            assert time.monotonic() - resumed < 0.05, "resuming never waits on Redis"
+            assert time.monotonic() - resumed < 0.5, "resuming never waits on Redis"
             # No room: the resuming turn borrows over the cap, counted fleet-wide.
             await eventually(lambda: r.get(f"{{{key}}}:borrowed") == "1", "borrowed")
             assert here.stats()["fleet_borrowed"] == 1
