@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -324,3 +326,54 @@ def test_closing_the_gate_refuses_turns_waiting_for_their_lease(
     assert (gate.admitted, gate.rejected) == (0, 2)
     assert gate.transport_stats()["direct"]["rejected"]["closing"] == 2
     settled(gate, 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_gives_back_the_parents_turn_lease(redis_server: RedisServer) -> None:
+    key = new_key()
+    r = redis_server.client()
+    gate = build_admission_gate(max_concurrent_runs=2, fleet=FleetLimit(redis_server.url, key, 2))
+    assert gate is not None
+    admission = gate.admit()
+
+    async def enter() -> None:
+        await admission.__aenter__()
+
+    run(enter())
+    parent = r.zrange(f"{{{key}}}:holders", 0, -1)
+    assert len(parent) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 3
+        try:
+            admission.__aexit__(None, None, None)  # the parent's turn ends here: nothing sent
+
+            async def turn() -> None:
+                async with gate.admit():
+                    assert r.zcard(f"{{{key}}}:holders") == 2
+
+            run(turn(), timeout=20)
+            time.sleep(0.2)
+            code = 0 if r.zrange(f"{{{key}}}:holders", 0, -1) == parent else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert r.zrange(f"{{{key}}}:holders", 0, -1) == parent, "the child left it alone"
+    admission.__aexit__(None, None, None)
+    deadline = time.monotonic() + 5
+    while r.zcard(f"{{{key}}}:holders") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert r.zcard(f"{{{key}}}:holders") == 0
+    settled(gate, 1)

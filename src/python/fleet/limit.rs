@@ -261,6 +261,7 @@ impl PyFleetLimit {
                 }
             };
             config.validate().map_err(|err| config_error(err, given))?;
+            runtime::register_atexit(py)?;
             let limit = Self::build(config.clone(), |err| config_error(err, given))?;
             Ok(Self {
                 config,

@@ -178,8 +178,9 @@ pub fn _quiesce_fleet_runtime(py: Python<'_>) {
     });
 }
 
-/// Registers [`_quiesce_fleet_runtime`] with `atexit`, once per process.
-fn register_atexit(py: Python<'_>) -> PyResult<()> {
+/// Registers [`_quiesce_fleet_runtime`] with `atexit`, once per process (when the first fleet
+/// limit is built: registering starts nothing).
+pub fn register_atexit(py: Python<'_>) -> PyResult<()> {
     static REGISTERED: AtomicBool = AtomicBool::new(false);
     if REGISTERED.swap(true, Ordering::AcqRel) {
         return Ok(());

@@ -194,22 +194,29 @@ impl TurnLease {
     }
 
     /// The turn ended: the lease goes back (a reclaim still under way gives it back when it
-    /// lands). Idempotent.
+    /// lands). Idempotent. A lease of the parent of a fork is left alone (see `Drop`).
     pub fn close(&self) {
-        let held = std::mem::replace(&mut self.state.lock().held, Held::Closed);
-        if let Held::Lease(lease) = held {
-            if self.current() {
-                drop(lease); // given back on the runtime
-            } else {
-                std::mem::forget(lease); // the parent's, before a fork
-            }
+        if !self.current() {
+            return;
         }
+        let held = std::mem::replace(&mut self.state.lock().held, Held::Closed);
+        drop(held); // a lease is given back on the runtime
     }
 }
 
 impl Drop for TurnLease {
     fn drop(&mut self) {
-        self.close();
+        if self.current() {
+            self.close();
+            return;
+        }
+        // The parent's, before a fork: never given back by the child. Its lock may have been
+        // held by one of the parent's runtime threads when the process forked, so it is not
+        // taken: `get_mut` needs no lock.
+        if let Held::Lease(lease) = std::mem::replace(&mut self.state.get_mut().held, Held::Closed)
+        {
+            std::mem::forget(lease);
+        }
     }
 }
 
