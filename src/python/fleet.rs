@@ -18,7 +18,7 @@ mod turn;
 use pyo3::prelude::*;
 
 pub use lease::PyFleetLease;
-pub use limit::PyFleetLimit;
+pub use limit::{set_gate_fleet_keys, PyFleetLimit};
 pub use runtime::epoch as fleet_epoch;
 pub use turn::{acquire_blocking, lease_scope, Blocked, LeaseWait, LeaseWaits, TurnLease};
 

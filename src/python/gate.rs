@@ -18,7 +18,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::admission::{Admission, AdmitArgs};
 use super::args::{self, Arg};
 use super::errors::guard;
-use super::fleet::{LeaseWaits, PyFleetLimit};
+use super::fleet::{set_gate_fleet_keys, LeaseWaits, PyFleetLimit};
 use super::fork::register_gate;
 use super::human_wait::human_wait_scope;
 use super::policy::{decision_from, not_a_decision, PyConcurrencyLimitPolicy};
@@ -716,13 +716,7 @@ impl PyAdmissionGate {
             d.set_item("max_rss_mb", max_rss_mb)?;
             d.set_item("cancelled", s.cancelled)?;
             if let Some(fleet) = &self.fleet {
-                let f = fleet.get().fleet_stats(py)?;
-                d.set_item("fleet_in_flight", f.fleet_in_flight)?;
-                d.set_item("fleet_max_in_flight", f.max_in_flight)?;
-                d.set_item("fleet_backend_up", u8::from(f.backend_up))?;
-                d.set_item("fleet_lease_lost", f.lease_lost)?;
-                d.set_item("fleet_borrowed", f.borrowed)?;
-                d.set_item("fleet_outages", f.outages)?;
+                set_gate_fleet_keys(&d, &fleet.get().fleet_stats(py)?)?;
             }
             Ok(d)
         })

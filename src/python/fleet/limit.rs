@@ -85,6 +85,16 @@ fn seconds(
 
 /// A scope argument as the gate keys a `session_id`: `None` is `""`, a str as is (a lone
 /// surrogate escaped), anything else by its `str()`.
+/// The six fleet keys a gate's `stats()` adds (and `FleetLimit.stats()` starts with).
+pub fn set_gate_fleet_keys(d: &Bound<'_, PyDict>, s: &FleetStats) -> PyResult<()> {
+    d.set_item("fleet_in_flight", s.fleet_in_flight)?;
+    d.set_item("fleet_max_in_flight", s.max_in_flight)?;
+    d.set_item("fleet_backend_up", u8::from(s.backend_up))?;
+    d.set_item("fleet_lease_lost", s.lease_lost)?;
+    d.set_item("fleet_borrowed", s.borrowed)?;
+    d.set_item("fleet_outages", s.outages)
+}
+
 pub fn scope_arg(scope: Option<&Bound<'_, PyAny>>) -> PyResult<Arc<str>> {
     let Some(scope) = scope.filter(|s| !s.is_none()) else {
         return Ok(Arc::from(""));
@@ -353,12 +363,7 @@ impl PyFleetLimit {
         guard(|| {
             let s = self.fleet_stats(py)?;
             let d = PyDict::new(py);
-            d.set_item("fleet_in_flight", s.fleet_in_flight)?;
-            d.set_item("fleet_max_in_flight", s.max_in_flight)?;
-            d.set_item("fleet_backend_up", u8::from(s.backend_up))?;
-            d.set_item("fleet_lease_lost", s.lease_lost)?;
-            d.set_item("fleet_borrowed", s.borrowed)?;
-            d.set_item("fleet_outages", s.outages)?;
+            set_gate_fleet_keys(&d, &s)?;
             d.set_item("fleet_max_in_flight_per_scope", s.max_in_flight_per_scope)?;
             d.set_item("fleet_waiting", s.fleet_waiting)?;
             d.set_item("fleet_lease_retaken", s.lease_retaken)?;
