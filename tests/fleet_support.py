@@ -8,6 +8,7 @@ one JSON command per line on its stdin, one JSON event per line on its stdout.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,15 @@ class RedisServer:
         """Stops the server and removes its directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Polls ``check`` on the running loop until it holds (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.01)
 
 
 def union_peak(intervals: list[tuple[float, float]]) -> int:

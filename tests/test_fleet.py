@@ -28,7 +28,14 @@ import admitgate
 import pytest
 from admitgate import AdmissionRejected, FleetLimit
 from conftest import run
-from fleet_support import TLS_PASSWORD, RedisServer, Replica, redis_server_binary, union_peak
+from fleet_support import (
+    TLS_PASSWORD,
+    RedisServer,
+    Replica,
+    eventually,
+    redis_server_binary,
+    union_peak,
+)
 
 
 def new_key() -> str:
@@ -44,15 +51,6 @@ def holders(key: str) -> str:
 def tickets(key: str) -> str:
     """The Redis sorted set of a limit's waiting turns."""
     return f"{{{key}}}:tickets"
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Polls ``check`` on the running loop until it holds (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

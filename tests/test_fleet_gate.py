@@ -14,27 +14,17 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from admitgate import AdmissionGate, AdmissionRejected, FleetLimit, build_admission_gate
 from conftest import run
-from fleet_support import RedisServer, free_port
+from fleet_support import RedisServer, eventually, free_port
 
 
 def new_key() -> str:
     """A limit key no other test uses."""
     return f"gate:{uuid.uuid4().hex[:12]}"
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Polls ``check`` on the running loop until it holds (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def settled(gate: AdmissionGate, arrivals: int) -> None:
