@@ -3,6 +3,25 @@
 //! [`core`] is the pure-Rust gate (policy decisions, the state machine, the waiter queue and
 //! the RSS sampler); it knows nothing of Python. The PyO3 binding lives in `python` and is
 //! compiled only with the `python` feature, which maturin turns on.
+//!
+//! Neither panics: the lints below are denied for the whole crate, core and binding alike
+//! (see "No panics" in [`core`]). Only the test hooks that panic on purpose are exempt.
+
+// Denied outside tests only: tests unwrap and index to state what they expect, and a test
+// that panics is a test that fails.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
 
 pub mod core;
 

@@ -528,3 +528,61 @@ def test_getters_and_setters_contain_panics():
     ):
         getattr(gate, name)
     gate._resource_sampler = None
+
+
+@pytest.mark.parametrize("released_from", ["loop thread", "worker thread"])
+def test_a_panic_in_the_middle_of_a_hand_off_strands_nobody(caplog, released_from):
+    """Issue 8, "the panic test proves too little": panic in the middle of a state change,
+    after the gate granted a waiter its slot and before the waiter heard of it (a test hook
+    makes the next wake-up panic). The waiter is withdrawn and its slot goes to the next
+    one, the releasing caller is not hurt, the counters say what callers experienced, and
+    the gate keeps serving."""
+    from admitgate._admitgate import _panic_in_next_wakes
+
+    gate = admitgate.build_admission_gate(
+        max_concurrent_runs=1, queue_depth=4, overflow_policy="queue"
+    )
+    ran: list[str] = []
+
+    async def turn(name: str, hold: asyncio.Event | threading.Event | None = None) -> None:
+        async with gate.admit(session_id=name):
+            ran.append(name)
+            if isinstance(hold, asyncio.Event):
+                await hold.wait()
+
+    def held_in_thread(release: threading.Event) -> None:
+        with gate.admit_sync(session_id="first"):
+            ran.append("first")
+            release.wait(5)
+
+    async def main() -> None:
+        release: asyncio.Event | threading.Event
+        if released_from == "loop thread":
+            release = asyncio.Event()
+            first = asyncio.ensure_future(turn("first", release))
+        else:
+            release = threading.Event()
+            first = asyncio.ensure_future(asyncio.to_thread(held_in_thread, release))
+        while gate.in_flight == 0:
+            await asyncio.sleep(0.001)
+        waiters = {name: asyncio.ensure_future(turn(name)) for name in ("b", "c", "d")}
+        await settle()
+        assert gate.queued == 3
+        _panic_in_next_wakes(1)
+        release.set()
+        await first  # the releasing turn ends normally
+        await asyncio.wait_for(asyncio.gather(waiters["c"], waiters["d"]), 5)
+        # b's wake-up panicked: it never heard of its slot, and was withdrawn.
+        assert not waiters["b"].done()
+        waiters["b"].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiters["b"]
+        await turn("e")
+
+    with caplog.at_level("ERROR", logger="admitgate"):
+        run(main(), timeout=10.0)
+    _panic_in_next_wakes(0)
+    assert ran == ["first", "c", "d", "e"]
+    assert (gate.in_flight, gate.queued) == (0, 0)
+    assert (gate.admitted, gate.cancelled, gate.rejected, gate.shed) == (4, 1, 0, 0)
+    assert any("internal error while waking" in r.getMessage() for r in caplog.records)

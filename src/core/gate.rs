@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::count::{decrement, difference, increment};
 use super::histogram::{Histogram, HistogramSnapshot};
 use super::policy::{ConcurrencyLimit, Decision, Facts, Overflow};
 use super::retry::{ReleaseRate, MEMORY_PRESSURE_RETRY};
@@ -78,15 +79,30 @@ impl<W> Default for Wakes<W> {
 impl<W: Waker> Wakes<W> {
     /// Wakes every collected waiter (and any a failed wake hands on), in order, then drops
     /// the discarded wakers.
+    ///
+    /// A waker is foreign code (the binding's runs Python). If one panics, the waiters
+    /// behind it are still woken and the discarded wakers still dropped, and only then is the
+    /// first panic resumed: the gate's state was settled before the lock was released, so a
+    /// panic here can strand at most the waiter whose own waker failed, never the others.
     pub fn run(self) {
         let mut pending: std::collections::VecDeque<W> = self.wake.into();
         let mut discarded = self.drop;
+        let mut first_panic = None;
         while let Some(waker) = pending.pop_front() {
-            let more = waker.wake();
-            pending.extend(more.wake);
-            discarded.extend(more.drop);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake())) {
+                Ok(more) => {
+                    pending.extend(more.wake);
+                    discarded.extend(more.drop);
+                }
+                Err(payload) => {
+                    first_panic.get_or_insert(payload);
+                }
+            }
         }
         drop(discarded);
+        if let Some(payload) = first_panic {
+            std::panic::resume_unwind(payload);
+        }
     }
 }
 
@@ -243,6 +259,16 @@ struct ScopeState {
     ready: Option<u64>,
 }
 
+impl ScopeState {
+    /// Whether the lane may take another slot under `limits` (`scoped`: a tenant's lane).
+    fn below_limit(&self, limits: &ConcurrencyLimit, scoped: bool) -> bool {
+        !scoped || limits.max_per_scope == 0 || self.in_flight < u64::from(limits.max_per_scope)
+    }
+}
+
+/// [`GateState::unlink_waiter`] found no waiting record to unlink, and changed nothing.
+struct NotWaiting;
+
 /// The admission state machine, without a lock. See the module documentation.
 #[derive(Debug)]
 pub struct GateState<W> {
@@ -277,17 +303,19 @@ pub struct GateState<W> {
     ready: BTreeMap<u64, u32>,
 }
 
+/// The state of `scope`'s lane; `None` for a scope that is not tracked (a scope's state
+/// exists while any turn of it runs or waits, so callers that name one always find it).
 fn lane_state<'a>(
     scopes: &'a mut HashMap<Arc<str>, ScopeState, foldhash::fast::RandomState>,
     unscoped: &'a mut ScopeState,
     scope: Option<&str>,
-) -> &'a mut ScopeState {
-    match scope {
-        None => unscoped,
-        Some(name) => scopes
-            .get_mut(name)
-            .expect("scope state exists while referenced"),
-    }
+) -> Option<&'a mut ScopeState> {
+    let state = match scope {
+        None => Some(unscoped),
+        Some(name) => scopes.get_mut(name),
+    };
+    debug_assert!(state.is_some(), "no state for scope {scope:?}");
+    state
 }
 
 impl<W> GateState<W> {
@@ -340,19 +368,27 @@ impl<W> GateState<W> {
         }
     }
 
-    /// Takes a waiting record off its lists, settling it as `state`. The caller refreshes
-    /// the lane (after counting any slot, so the scope is not forgotten in between).
-    fn unlink_waiter(&mut self, index: u32, state: WaiterState) -> Option<Arc<str>> {
-        let record = self.queue.get_mut(index);
-        let scope = record.scope.clone();
-        let outside = std::mem::take(&mut record.outside_depth);
-        let lane = lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref());
-        if outside {
-            lane.outside_depth -= 1;
-            self.outside_depth -= 1;
+    /// Takes a waiting record off its lists, settling it as `state`, and returns its scope.
+    /// The caller refreshes the lane (after counting any slot, so the scope is not forgotten
+    /// in between). Changes nothing when `index` holds no waiting record or its lane's state
+    /// is missing (neither happens while the invariants hold).
+    fn unlink_waiter(
+        &mut self,
+        index: u32,
+        state: WaiterState,
+    ) -> Result<Option<Arc<str>>, NotWaiting> {
+        let scope = self.queue.get(index).ok_or(NotWaiting)?.scope.clone();
+        let lane =
+            lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref()).ok_or(NotWaiting)?;
+        let record = self
+            .queue
+            .unlink(index, &mut lane.lane, state)
+            .ok_or(NotWaiting)?;
+        if std::mem::take(&mut record.outside_depth) {
+            decrement(&mut lane.outside_depth, "a lane's outside-depth waiters");
+            decrement(&mut self.outside_depth, "outside-depth waiters");
         }
-        self.queue.unlink(index, &mut lane.lane, state);
-        scope
+        Ok(scope)
     }
 
     /// How long a caller refused now should wait, from the recent release rate, for
@@ -360,12 +396,6 @@ impl<W> GateState<W> {
     fn retry_hint(&mut self, ahead: u64, now: Duration) -> Duration {
         self.release_rate.observe(now, self.slots_freed);
         self.release_rate.retry_after(ahead, now, self.slots_freed)
-    }
-
-    fn scope_below_limit(&self, state: &ScopeState, scoped: bool) -> bool {
-        !scoped
-            || self.limits.max_per_scope == 0
-            || state.in_flight < u64::from(self.limits.max_per_scope)
     }
 
     /// Soft pressure with no ceiling has no slot to wait on, so it admits (as documented).
@@ -392,19 +422,17 @@ impl<W> GateState<W> {
     fn refresh_lane(&mut self, scope: Option<&str>) {
         let scoped = scope.is_some();
         let state = match scope {
-            None => &self.unscoped,
-            Some(name) => match self.scopes.get(name) {
+            None => &mut self.unscoped,
+            Some(name) => match self.scopes.get_mut(name) {
                 Some(state) => state,
                 None => return,
             },
         };
-        let head = self.queue.lane_head(&state.lane);
-        let wanted = match head {
-            Some(index) if self.scope_below_limit(state, scoped) => {
-                Some((self.queue.get(index).seq, index))
-            }
-            _ => None,
-        };
+        let wanted = self
+            .queue
+            .lane_head(&state.lane)
+            .filter(|_| state.below_limit(&self.limits, scoped))
+            .and_then(|index| Some((self.queue.get(index)?.seq, index)));
         let current = state.ready;
         if current != wanted.map(|(seq, _)| seq) {
             if let Some(seq) = current {
@@ -413,11 +441,9 @@ impl<W> GateState<W> {
             if let Some((seq, index)) = wanted {
                 self.ready.insert(seq, index);
             }
-            lane_state(&mut self.scopes, &mut self.unscoped, scope).ready =
-                wanted.map(|(seq, _)| seq);
+            state.ready = wanted.map(|(seq, _)| seq);
         }
         if let Some(name) = scope {
-            let state = &self.scopes[name];
             if state.in_flight == 0 && state.lane.is_empty() {
                 debug_assert!(state.ready.is_none());
                 self.scopes.remove(name);
@@ -427,21 +453,21 @@ impl<W> GateState<W> {
 
     /// Counts a slot taken by a turn of `scope` (whose state must exist).
     fn take_slot(&mut self, scope: Option<&str>) {
-        self.in_flight += 1;
+        increment(&mut self.in_flight);
         self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
         if scope.is_some() {
-            lane_state(&mut self.scopes, &mut self.unscoped, scope).in_flight += 1;
+            if let Some(state) = lane_state(&mut self.scopes, &mut self.unscoped, scope) {
+                increment(&mut state.in_flight);
+            }
             self.refresh_lane(scope);
         }
     }
 
     fn give_slot(&mut self, scope: Option<&str>) {
-        debug_assert!(self.in_flight > 0, "slot returned twice");
-        self.in_flight = self.in_flight.saturating_sub(1);
+        decrement(&mut self.in_flight, "in_flight (a slot returned twice)");
         if let Some(name) = scope {
             if let Some(state) = self.scopes.get_mut(name) {
-                debug_assert!(state.in_flight > 0, "scope slot returned twice");
-                state.in_flight = state.in_flight.saturating_sub(1);
+                decrement(&mut state.in_flight, "a scope's in_flight (returned twice)");
             }
             self.refresh_lane(scope);
         }
@@ -455,26 +481,39 @@ impl<W> GateState<W> {
             if self.pressure != Decision::Admit {
                 // Under pressure, only hand on what was freed; with nothing running at all,
                 // one waiter may start so the gate always makes progress.
-                if budget > 0 {
-                    budget -= 1;
+                if let Some(rest) = budget.checked_sub(1) {
+                    budget = rest;
                 } else if self.in_flight > 0 {
                     break;
                 }
             }
-            let Some((_, &index)) = self.ready.first_key_value() else {
+            let Some((&seq, &index)) = self.ready.first_key_value() else {
                 break;
             };
-            self.grant(index, wakes);
+            if !self.grant(index, wakes) {
+                // A stale entry (never while the invariants hold): dropping it keeps the loop
+                // finite, and the lane's next refresh files its head again.
+                self.ready.remove(&seq);
+            }
         }
     }
 
-    fn grant(&mut self, index: u32, wakes: &mut Wakes<W>) {
-        let scope = self.unlink_waiter(index, WaiterState::Granted);
-        self.granted_unclaimed += 1;
+    /// Hands a slot to the waiter at `index`; `false`, changing nothing, if none waits there.
+    fn grant(&mut self, index: u32, wakes: &mut Wakes<W>) -> bool {
+        let Ok(scope) = self.unlink_waiter(index, WaiterState::Granted) else {
+            return false;
+        };
+        increment(&mut self.granted_unclaimed);
         // Count the slot before refreshing, so the scope is not forgotten in between.
         self.take_slot(scope.as_deref());
         self.refresh_lane(scope.as_deref());
-        if let Some(waker) = self.queue.get_mut(index).waker.take() {
+        self.wake(index, wakes);
+        true
+    }
+
+    /// Hands the waker of the record at `index`, if it registered one, to `wakes`.
+    fn wake(&mut self, index: u32, wakes: &mut Wakes<W>) {
+        if let Some(waker) = self.queue.get_mut(index).and_then(|r| r.waker.take()) {
             wakes.wake.push(waker);
         }
     }
@@ -489,7 +528,9 @@ impl<W> GateState<W> {
         in_depth_only: bool,
         wakes: &mut Wakes<W>,
     ) -> bool {
-        let in_depth = |&index: &u32| !in_depth_only || !self.queue.get(index).outside_depth;
+        let in_depth = |&index: &u32| {
+            !in_depth_only || self.queue.get(index).is_some_and(|r| !r.outside_depth)
+        };
         let victim = match scope {
             None => self.queue.iter_all().find(in_depth),
             Some(name) => self
@@ -500,14 +541,15 @@ impl<W> GateState<W> {
         let Some(index) = victim else {
             return false;
         };
-        let victim_scope = self.unlink_waiter(index, WaiterState::Refused(Rejection::Shed));
+        let Ok(victim_scope) = self.unlink_waiter(index, WaiterState::Refused(Rejection::Shed))
+        else {
+            return false;
+        };
         self.refresh_lane(victim_scope.as_deref());
         // Counted as shed now; moved to `cancelled` if its owner is cancelled before it
         // sees the eviction (see `cancel`), so the counters say what callers experienced.
-        self.shed += 1;
-        if let Some(waker) = self.queue.get_mut(index).waker.take() {
-            wakes.wake.push(waker);
-        }
+        increment(&mut self.shed);
+        self.wake(index, wakes);
         true
     }
 
@@ -518,9 +560,19 @@ impl<W> GateState<W> {
         // depth, and any policy, see the queue without them.
         Facts {
             in_flight: self.in_flight,
-            queued: self.queue.len() - self.outside_depth,
+            queued: difference(
+                self.queue.len(),
+                self.outside_depth,
+                "outside-depth waiters",
+            ),
             scope_in_flight: scope_state.map_or(0, |s| s.in_flight),
-            scope_queued: scope_state.map_or(0, |s| s.lane.len() - s.outside_depth),
+            scope_queued: scope_state.map_or(0, |s| {
+                difference(
+                    s.lane.len(),
+                    s.outside_depth,
+                    "a lane's outside-depth waiters",
+                )
+            }),
         }
     }
 
@@ -542,7 +594,7 @@ impl<W> GateState<W> {
     ) -> Arrival {
         let scope = self.tracked(scope);
         if self.closing {
-            self.rejected += 1;
+            increment(&mut self.rejected);
             return Arrival::Rejected(Rejection::Closing, None);
         }
         self.pressure = self.effective_pressure(resource);
@@ -554,8 +606,7 @@ impl<W> GateState<W> {
         let concurrency = decided.unwrap_or_else(|| self.limits.decide(&facts, scope.is_some()));
         let decision = concurrency.escalate(self.pressure);
         if decision == Decision::Reject {
-            self.rejected += 1;
-            return if concurrency != Decision::Reject {
+            let refusal = if concurrency != Decision::Reject {
                 Arrival::Rejected(Rejection::MemoryPressure, Some(MEMORY_PRESSURE_RETRY))
             } else if decided.is_some() {
                 Arrival::Rejected(Rejection::Policy, None)
@@ -567,6 +618,9 @@ impl<W> GateState<W> {
                 };
                 Arrival::Rejected(Rejection::QueueFull, Some(self.retry_hint(ahead, now())))
             };
+            // Counted after the caller's clock is read: should that panic, nothing is.
+            increment(&mut self.rejected);
+            return refusal;
         }
 
         let scope_blocked = self.limits.scope_blocked(scope.is_some(), &facts);
@@ -582,7 +636,7 @@ impl<W> GateState<W> {
             let key = scope.map(|name| self.scope_entry(name));
             self.take_slot(key.as_deref());
             if !self.deferred {
-                self.admitted += 1;
+                increment(&mut self.admitted);
             }
             return Arrival::Admitted(key);
         }
@@ -608,8 +662,8 @@ impl<W> GateState<W> {
                 let refuses =
                     concurrency == Decision::Admit && self.limits.overflow == Overflow::Reject;
                 if (evicts && !self.evict_oldest(joined, true, wakes)) || refuses {
-                    self.rejected += 1;
                     let retry = self.retry_hint(waiting, now());
+                    increment(&mut self.rejected);
                     return Arrival::Rejected(Rejection::QueueFull, Some(retry));
                 }
             }
@@ -619,24 +673,33 @@ impl<W> GateState<W> {
         self.release_rate.observe(now, self.slots_freed);
         let key = scope.map(|name| self.scope_entry(name));
         let lane = lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref());
-        let waiter = self.queue.push(&mut lane.lane, key.clone(), now);
-        if outside_depth {
-            lane.outside_depth += 1;
-            self.outside_depth += 1;
-            let index = self.queue.resolve(waiter).expect("just pushed");
-            self.queue.get_mut(index).outside_depth = true;
-        }
+        let waiter = lane.and_then(|lane| {
+            let waiter = self
+                .queue
+                .push(&mut lane.lane, key.clone(), now, outside_depth)?;
+            if outside_depth {
+                increment(&mut lane.outside_depth);
+                increment(&mut self.outside_depth);
+            }
+            Some(waiter)
+        });
+        // Files the new waiter, or forgets a scope entered for a turn that could not queue.
         self.refresh_lane(key.as_deref());
+        let Some(waiter) = waiter else {
+            // The slab is full (2^32 - 1 records): the queue is, whatever its depth says.
+            increment(&mut self.rejected);
+            let retry = self.retry_hint(self.queue.len(), now);
+            return Arrival::Rejected(Rejection::QueueFull, Some(retry));
+        };
         self.dispatch(0, wakes);
         Arrival::Queued(waiter)
     }
 
     /// Stores the waker of a queued turn. If the turn was settled first, returns the waker.
     pub fn register(&mut self, key: WaiterKey, waker: W) -> (Registered, Option<W>) {
-        let Some(index) = self.queue.resolve(key) else {
+        let Some((_, record)) = self.queue.lookup_mut(key) else {
             return (Registered::Unknown, Some(waker));
         };
-        let record = self.queue.get_mut(index);
         if record.state != WaiterState::Waiting {
             return (Registered::Settled, Some(waker));
         }
@@ -651,10 +714,9 @@ impl<W> GateState<W> {
         now: impl FnOnce() -> Duration,
         wakes: &mut Wakes<W>,
     ) -> Claim {
-        let Some(index) = self.queue.resolve(key) else {
+        let Some((index, record)) = self.queue.lookup(key) else {
             return Claim::Unknown;
         };
-        let record = self.queue.get(index);
         let outcome = match record.state {
             WaiterState::Waiting => return Claim::Waiting,
             WaiterState::Granted => {
@@ -664,9 +726,9 @@ impl<W> GateState<W> {
                 let scope = record.scope.clone();
                 self.release_rate.observe(now, self.slots_freed);
                 if !self.deferred {
-                    self.admitted += 1;
+                    increment(&mut self.admitted);
                 }
-                self.granted_unclaimed -= 1;
+                decrement(&mut self.granted_unclaimed, "granted_unclaimed");
                 Claim::Admitted(scope)
             }
             WaiterState::Refused(reason) => {
@@ -684,37 +746,43 @@ impl<W> GateState<W> {
     /// Withdraws a queued turn (its task was cancelled or its event loop is gone). A slot it
     /// was granted in the meantime goes to the next waiter.
     pub fn cancel(&mut self, key: WaiterKey, wakes: &mut Wakes<W>) -> Cancelled {
-        let Some(index) = self.queue.resolve(key) else {
+        let Some((index, record)) = self.queue.lookup(key) else {
             return Cancelled::Unknown;
         };
-        let record = self.queue.get(index);
         let scope = record.scope.clone();
         let outcome = match record.state {
             WaiterState::Waiting => {
-                // Marked refused only to take it off the lists; it is freed just below.
-                self.unlink_waiter(index, WaiterState::Refused(Rejection::Shed));
+                // Marked refused only to take it off the lists; it is freed just below. A
+                // record that cannot be unlinked must not be freed (the lists would point at
+                // a free slot): it is left alone, as if unknown.
+                if self
+                    .unlink_waiter(index, WaiterState::Refused(Rejection::Shed))
+                    .is_err()
+                {
+                    return Cancelled::Unknown;
+                }
                 self.refresh_lane(scope.as_deref());
                 Cancelled::Withdrawn
             }
             WaiterState::Granted => {
-                self.granted_unclaimed -= 1;
+                decrement(&mut self.granted_unclaimed, "granted_unclaimed");
                 Cancelled::ReturnedSlot
             }
             WaiterState::Refused(reason) => {
                 // Its owner was cancelled before it saw the refusal: what it experienced is a
                 // cancellation.
                 if reason == Rejection::Shed {
-                    self.shed -= 1;
+                    decrement(&mut self.shed, "shed");
                 } else {
-                    self.rejected -= 1;
+                    decrement(&mut self.rejected, "rejected");
                 }
                 Cancelled::AlreadyRefused
             }
         };
-        self.cancelled += 1;
+        increment(&mut self.cancelled);
         wakes.drop.extend(self.queue.free(index));
         if outcome == Cancelled::ReturnedSlot {
-            self.slots_freed += 1;
+            increment(&mut self.slots_freed);
             self.give_slot(scope.as_deref());
             self.dispatch(1, wakes);
         }
@@ -731,7 +799,7 @@ impl<W> GateState<W> {
     /// admitted now.
     pub fn confirm(&mut self) {
         debug_assert!(self.deferred, "confirm without deferred admission");
-        self.admitted += 1;
+        increment(&mut self.admitted);
     }
 
     /// A turn granted its slot (deferred admission) will not run: its slot is handed on, and
@@ -746,10 +814,10 @@ impl<W> GateState<W> {
     ) -> Option<Duration> {
         debug_assert!(self.deferred, "revoke without deferred admission");
         match reason {
-            Some(_) => self.rejected += 1,
-            None => self.cancelled += 1,
+            Some(_) => increment(&mut self.rejected),
+            None => increment(&mut self.cancelled),
         }
-        self.slots_freed += 1;
+        increment(&mut self.slots_freed);
         self.give_slot(scope);
         self.dispatch(1, wakes);
         match reason {
@@ -760,23 +828,23 @@ impl<W> GateState<W> {
 
     /// Refuses a waiting turn for `reason` (counted in `rejected`) and wakes it; `false` if
     /// it was no longer waiting (granted, refused or withdrawn first: exactly one wins).
-    fn refuse_waiter(&mut self, index: u32, reason: Rejection, wakes: &mut Wakes<W>) {
-        let scope = self.unlink_waiter(index, WaiterState::Refused(reason));
+    fn refuse_waiter(&mut self, index: u32, reason: Rejection, wakes: &mut Wakes<W>) -> bool {
+        let Ok(scope) = self.unlink_waiter(index, WaiterState::Refused(reason)) else {
+            return false;
+        };
         self.refresh_lane(scope.as_deref());
-        self.rejected += 1;
-        if let Some(waker) = self.queue.get_mut(index).waker.take() {
-            wakes.wake.push(waker);
-        }
+        increment(&mut self.rejected);
+        self.wake(index, wakes);
+        true
     }
 
     /// A waiting turn's queue timeout ran out: it is refused with [`Rejection::Timeout`].
     /// `false` when it had already been granted a slot, refused or withdrawn, so a turn is
     /// either granted or timed out, never both.
     pub fn expire(&mut self, key: WaiterKey, wakes: &mut Wakes<W>) -> bool {
-        match self.queue.resolve(key) {
-            Some(index) if self.queue.get(index).state == WaiterState::Waiting => {
-                self.refuse_waiter(index, Rejection::Timeout, wakes);
-                true
+        match self.queue.lookup(key) {
+            Some((index, record)) if record.state == WaiterState::Waiting => {
+                self.refuse_waiter(index, Rejection::Timeout, wakes)
             }
             _ => false,
         }
@@ -788,10 +856,13 @@ impl<W> GateState<W> {
     pub fn close(&mut self, wakes: &mut Wakes<W>) -> u64 {
         self.closing = true;
         let waiting: Vec<u32> = self.queue.iter_all().collect();
-        for &index in &waiting {
-            self.refuse_waiter(index, Rejection::Closing, wakes);
+        let mut refused = 0;
+        for index in waiting {
+            if self.refuse_waiter(index, Rejection::Closing, wakes) {
+                increment(&mut refused);
+            }
         }
-        waiting.len() as u64
+        refused
     }
 
     /// Whether [`GateState::close`] was called.
@@ -801,7 +872,7 @@ impl<W> GateState<W> {
 
     /// Turns still running: holding a slot (granted ones included) or parked on a human.
     pub fn running(&self) -> u64 {
-        self.in_flight + self.awaiting_human
+        self.in_flight.saturating_add(self.awaiting_human)
     }
 
     /// Applies new limits (validated by the caller). Running turns are never cancelled: a
@@ -823,17 +894,27 @@ impl<W> GateState<W> {
                     None => Some(&self.unscoped),
                     Some(name) => self.scopes.get(name),
                 } {
-                    if state.lane.len() - state.outside_depth <= depth {
+                    let in_depth = difference(
+                        state.lane.len(),
+                        state.outside_depth,
+                        "a lane's outside-depth waiters",
+                    );
+                    if in_depth <= depth {
                         break;
                     }
                     // The newest waiter that counts against the depth.
                     let mut victim = self.queue.lane_tail(&state.lane);
-                    while let Some(index) = victim.filter(|&i| self.queue.get(i).outside_depth) {
+                    while let Some(index) = victim
+                        .filter(|&i| self.queue.get(i).is_some_and(|record| record.outside_depth))
+                    {
                         victim = self.queue.lane_prev(index);
                     }
+                    // Stop if it cannot be refused, or this loop would never end.
                     let Some(index) = victim else { break };
-                    self.refuse_waiter(index, Rejection::QueueFull, wakes);
-                    refused += 1;
+                    if !self.refuse_waiter(index, Rejection::QueueFull, wakes) {
+                        break;
+                    }
+                    increment(&mut refused);
                 }
             }
         }
@@ -851,12 +932,12 @@ impl<W> GateState<W> {
     /// before it, and turns granted a slot that have not started yet); `None` when it is not
     /// waiting. Walks the queue up to the turn, so it is computed only on request.
     pub fn position(&self, key: WaiterKey) -> Option<u64> {
-        let index = self.queue.resolve(key)?;
-        if self.queue.get(index).state != WaiterState::Waiting {
+        let (index, record) = self.queue.lookup(key)?;
+        if record.state != WaiterState::Waiting {
             return None;
         }
         let ahead = self.queue.iter_all().take_while(|&i| i != index).count() as u64;
-        Some(ahead + self.granted_unclaimed)
+        Some(ahead.saturating_add(self.granted_unclaimed))
     }
 
     /// Seconds until a turn with `position` turns ahead of it may start, at the recent
@@ -897,15 +978,15 @@ impl<W> GateState<W> {
         if let Some(resource) = resource {
             self.pressure = self.effective_pressure(resource);
         }
-        self.slots_freed += 1;
+        increment(&mut self.slots_freed);
         self.give_slot(scope);
         self.dispatch(1, wakes);
     }
 
     /// A running turn parks on a human approval: its slot is lent to the queue.
     pub fn suspend(&mut self, scope: Option<&str>, wakes: &mut Wakes<W>) {
-        self.awaiting_human += 1;
-        self.slots_freed += 1;
+        increment(&mut self.awaiting_human);
+        increment(&mut self.slots_freed);
         self.give_slot(scope);
         self.dispatch(1, wakes);
     }
@@ -913,16 +994,14 @@ impl<W> GateState<W> {
     /// A parked turn resumes: it takes a slot, borrowing one if none is free (the borrow is
     /// repaid by not refilling the next release). Never waits.
     pub fn resume(&mut self, scope: Option<&str>) {
-        debug_assert!(self.awaiting_human > 0);
-        self.awaiting_human = self.awaiting_human.saturating_sub(1);
+        decrement(&mut self.awaiting_human, "awaiting_human");
         let key = scope.map(|name| self.scope_entry(name));
         self.take_slot(key.as_deref());
     }
 
     /// A parked turn ends without resuming.
     pub fn end_suspended(&mut self) {
-        debug_assert!(self.awaiting_human > 0);
-        self.awaiting_human = self.awaiting_human.saturating_sub(1);
+        decrement(&mut self.awaiting_human, "awaiting_human");
     }
 
     /// Evicts the oldest live waiter of the whole queue; `false` if nobody waits.
@@ -959,7 +1038,8 @@ impl<W> GateState<W> {
             oldest_wait: self
                 .queue
                 .oldest()
-                .map(|index| now().saturating_sub(self.queue.get(index).enqueued_at)),
+                .and_then(|index| self.queue.get(index))
+                .map(|record| now().saturating_sub(record.enqueued_at)),
         }
     }
 
@@ -969,8 +1049,15 @@ impl<W> GateState<W> {
     }
 
     /// Recomputes everything that is derived and panics on the first inconsistency.
-    /// Used by the unit and model tests after every step.
+    /// Used by the unit and model tests after every step; compiled only for them, as the
+    /// core outside tests never panics.
+    #[cfg(test)]
     pub fn check_invariants(&self) {
+        let record = |index: u32| {
+            self.queue
+                .get(index)
+                .unwrap_or_else(|| panic!("a list names free record {index}"))
+        };
         let mut lanes_len = self.unscoped.lane.len();
         let mut scoped_in_flight = 0;
         let mut outside_total = 0;
@@ -989,16 +1076,13 @@ impl<W> GateState<W> {
             let members: Vec<u32> = self.queue.iter_lane(&state.lane).collect();
             assert_eq!(members.len() as u64, state.lane.len());
             for window in members.windows(2) {
-                assert!(self.queue.get(window[0]).seq < self.queue.get(window[1]).seq);
+                assert!(record(window[0]).seq < record(window[1]).seq);
             }
             for &index in &members {
-                assert_eq!(self.queue.get(index).scope.as_deref(), name.map(|n| &**n));
-                assert_eq!(self.queue.get(index).state, WaiterState::Waiting);
+                assert_eq!(record(index).scope.as_deref(), name.map(|n| &**n));
+                assert_eq!(record(index).state, WaiterState::Waiting);
             }
-            let outside = members
-                .iter()
-                .filter(|&&i| self.queue.get(i).outside_depth)
-                .count() as u64;
+            let outside = members.iter().filter(|&&i| record(i).outside_depth).count() as u64;
             assert_eq!(
                 outside, state.outside_depth,
                 "lane {name:?} outside-depth count"
@@ -1006,8 +1090,8 @@ impl<W> GateState<W> {
             outside_total += outside;
             let lane_ready = members
                 .first()
-                .filter(|_| self.scope_below_limit(state, name.is_some()))
-                .map(|&head| (self.queue.get(head).seq, head));
+                .filter(|_| state.below_limit(&self.limits, name.is_some()))
+                .map(|&head| (record(head).seq, head));
             assert_eq!(
                 state.ready,
                 lane_ready.map(|(seq, _)| seq),
@@ -1185,6 +1269,7 @@ impl<W> Gate<W> {
     }
 
     /// See [`GateState::check_invariants`].
+    #[cfg(test)]
     pub fn check_invariants(&self) {
         self.state.lock().check_invariants()
     }
@@ -1232,7 +1317,8 @@ impl TurnSlot {
     /// Enters a human wait; the first of nested waits lends the slot to the queue.
     pub fn suspend<W>(&self, gate: &Gate<W>) -> Wakes<W> {
         let mut slot = self.state.lock();
-        slot.waits += 1;
+        // Saturating as the counters in `count` do: 2^32 nested waits on one turn cannot be.
+        slot.waits = slot.waits.saturating_add(1);
         if slot.waits == 1 && slot.held && !slot.closed {
             slot.held = false;
             return gate

@@ -37,23 +37,26 @@ impl Histogram {
     /// Records one duration.
     pub fn record(&self, value: Duration) {
         let seconds = value.as_secs_f64();
-        let index = DURATION_BUCKETS
-            .iter()
-            .position(|&bound| seconds <= bound)
-            .unwrap_or(DURATION_BUCKETS.len());
-        self.buckets[index].fetch_add(1, Ordering::Relaxed);
+        // The `+Inf` bound takes every duration the finite ones do not.
+        let bounds = DURATION_BUCKETS.iter().copied().chain([f64::INFINITY]);
+        if let Some((_, bucket)) = bounds
+            .zip(&self.buckets)
+            .find(|&(bound, _)| seconds <= bound)
+        {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
         let nanos = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// The cumulative buckets, count and sum.
     pub fn snapshot(&self) -> HistogramSnapshot {
-        let mut running = 0;
+        let mut running: u64 = 0;
         let bounds = DURATION_BUCKETS.iter().copied().chain([f64::INFINITY]);
         let buckets = bounds
             .zip(&self.buckets)
             .map(|(bound, bucket)| {
-                running += bucket.load(Ordering::Relaxed);
+                running = running.saturating_add(bucket.load(Ordering::Relaxed));
                 (bound, running)
             })
             .collect();

@@ -10,7 +10,23 @@
 //! * [`histogram`]: lock-free duration histograms for request and queue-wait metrics.
 //!
 //! Nothing here imports pyo3: the binding layer wraps these types.
+//!
+//! # No panics
+//!
+//! The core never panics: no `unwrap`, `expect`, `panic!`, unchecked indexing or overflowing
+//! arithmetic, which the crate root (`src/lib.rs`) denies and CI's `cargo clippy` enforces.
+//! A case that could only arise from a bug is checked by `debug_assert!` (so tests catch it)
+//! and handled harmlessly in release builds (the `count` module says how for the counters).
+//! Every change to a gate's state happens under its one lock with no call out: wakers run,
+//! and are dropped, after the lock is released, and the caller's clock, the one foreign code
+//! called under the lock, is read only between complete changes, never in the middle of one.
+//! So no panic can interrupt a change halfway and leave the gate inconsistent. A waker is
+//! foreign code and may panic; the others still run ([`Wakes::run`]). Allocation failure is
+//! out of scope: it aborts the process rather than unwinding. (A collection's capacity
+//! overflow does panic, but only past `isize::MAX` bytes, which allocation failure reaches
+//! first.)
 
+pub(crate) mod count;
 pub mod gate;
 pub mod histogram;
 pub mod policy;

@@ -169,10 +169,10 @@ pub fn check_count(arg: &'static str, value: i64) -> Result<u32, ConfigError> {
     if value < 0 {
         return Err(ConfigError::Negative { arg, value });
     }
-    if value > MAX_COUNT {
-        return Err(ConfigError::TooLarge { arg, value });
+    match u32::try_from(value) {
+        Ok(count) if value <= MAX_COUNT => Ok(count),
+        _ => Err(ConfigError::TooLarge { arg, value }),
     }
-    Ok(value as u32)
 }
 
 /// Checks a threshold argument: finite and `>= 0`.

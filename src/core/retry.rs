@@ -42,7 +42,11 @@ impl ReleaseRate {
         }
         self.samples.push_back((now, releases));
         // Keep one sample at least a window old: the anchor.
-        while self.samples.len() > 1 && now.saturating_sub(self.samples[1].0) >= WINDOW {
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|&(at, _)| now.saturating_sub(at) >= WINDOW)
+        {
             self.samples.pop_front();
         }
     }

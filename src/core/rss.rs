@@ -100,6 +100,11 @@ fn peak_rss_mb() -> Option<f64> {
     None
 }
 
+/// `duration` in nanoseconds, saturating past 2^64 (584 years) rather than truncating.
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// A cached RSS reading shared by every thread that admits turns.
 pub struct RssSampler {
     interval: Duration,
@@ -158,8 +163,9 @@ impl RssSampler {
     }
 
     fn cached(&self, now_ns: u64) -> Option<Option<f64>> {
-        let taken = self.taken_at.load(Ordering::Acquire);
-        if taken == 0 || now_ns.saturating_sub(taken - 1) >= self.interval.as_nanos() as u64 {
+        // 0 (never taken) has no predecessor.
+        let taken = self.taken_at.load(Ordering::Acquire).checked_sub(1)?;
+        if now_ns.saturating_sub(taken) >= nanos(self.interval) {
             return None;
         }
         let value = f64::from_bits(self.value.load(Ordering::Relaxed));
@@ -169,7 +175,7 @@ impl RssSampler {
     /// The RSS in MiB at `now` (on the caller's monotonic clock), refreshed if the cached
     /// reading is older than the interval.
     pub fn read(&self, now: Duration) -> RssReading {
-        let now_ns = now.as_nanos() as u64;
+        let now_ns = nanos(now);
         if let Some(rss_mb) = self.cached(now_ns) {
             return RssReading {
                 rss_mb,
@@ -188,7 +194,8 @@ impl RssSampler {
         let rss_mb = refresher.read();
         self.value
             .store(rss_mb.unwrap_or(f64::NAN).to_bits(), Ordering::Relaxed);
-        self.taken_at.store(now_ns + 1, Ordering::Release);
+        self.taken_at
+            .store(now_ns.saturating_add(1), Ordering::Release);
         RssReading {
             rss_mb,
             just_disabled: was_available && refresher.source == RssSource::Unavailable,

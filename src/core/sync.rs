@@ -25,7 +25,11 @@ mod loom_shim {
         }
 
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().expect("loom mutex poisoned")
+            // loom's mutex never reports poisoning; taking the guard either way is what
+            // parking_lot does.
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
         }
     }
 }

@@ -33,6 +33,15 @@ pub struct TransportId(u8);
 impl TransportId {
     /// [`DIRECT`], registered on every gate.
     pub const DIRECT: TransportId = TransportId(0);
+
+    /// The id of the transport registered `index`th; `None` past [`MAX_TRANSPORTS`], so
+    /// every id names one of a gate's counters.
+    fn at(index: usize) -> Option<TransportId> {
+        if index >= MAX_TRANSPORTS {
+            return None;
+        }
+        u8::try_from(index).ok().map(TransportId)
+    }
 }
 
 /// Where a request's duration is recorded: a gated transport or the passthrough label.
@@ -139,19 +148,24 @@ impl Transports {
         if name == PASSTHROUGH {
             return Err(TransportError::Reserved);
         }
-        if let Some(index) = self.names.read().iter().position(|n| &**n == name) {
-            return Ok(TransportId(index as u8));
+        if let Some(id) = Self::find(&self.names.read(), name) {
+            return Ok(id);
         }
         let mut names = self.names.write();
         // Someone may have registered it between the two locks.
-        if let Some(index) = names.iter().position(|n| &**n == name) {
-            return Ok(TransportId(index as u8));
+        if let Some(id) = Self::find(&names, name) {
+            return Ok(id);
         }
-        if names.len() == MAX_TRANSPORTS {
+        // The new name's position, which must name one of the counters.
+        let Some(id) = TransportId::at(names.len()) else {
             return Err(TransportError::TooMany(name.to_owned()));
-        }
+        };
         names.push(Arc::from(name));
-        Ok(TransportId((names.len() - 1) as u8))
+        Ok(id)
+    }
+
+    fn find(names: &[Arc<str>], name: &str) -> Option<TransportId> {
+        TransportId::at(names.iter().position(|n| &**n == name)?)
     }
 
     /// Where a front-door request labelled `name` is recorded.
@@ -162,27 +176,33 @@ impl Transports {
         self.resolve(name).map(RequestLabel::Gated)
     }
 
-    fn counters(&self, id: TransportId) -> &Counters {
-        &self.counters[usize::from(id.0)]
+    /// The counters of `id`: always there, as every id is `DIRECT` or made by
+    /// [`TransportId::at`].
+    fn counters(&self, id: TransportId) -> Option<&Counters> {
+        self.counters.get(usize::from(id.0))
     }
 
     /// A turn of `id` started at once.
     pub fn admitted(&self, id: TransportId) {
-        let c = self.counters(id);
-        c.admitted.fetch_add(1, Ordering::Relaxed);
-        c.in_flight.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.counters(id) {
+            c.admitted.fetch_add(1, Ordering::Relaxed);
+            c.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A turn of `id` started waiting.
     pub fn queued(&self, id: TransportId) {
-        self.counters(id).queued.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.counters(id) {
+            c.queued.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A waiting turn of `id` stopped waiting: it started (`admitted`), or it was cancelled,
     /// shed or timed out (recorded separately as a rejection where it is one).
     pub fn dequeued(&self, id: TransportId, admitted: bool) {
-        let c = self.counters(id);
-        c.queued.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = self.counters(id) {
+            c.queued.fetch_sub(1, Ordering::Relaxed);
+        }
         if admitted {
             self.admitted(id);
         }
@@ -190,18 +210,29 @@ impl Transports {
 
     /// A running turn of `id` ended.
     pub fn finished(&self, id: TransportId) {
-        self.counters(id).in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = self.counters(id) {
+            c.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// A turn of `id` was refused (or shed) for `reason`.
     pub fn rejected(&self, id: TransportId, reason: Rejection) {
-        self.counters(id).rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+        if let Some(counter) = self
+            .counters(id)
+            .and_then(|c| c.rejected.get(reason.index()))
+        {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// One front-door request of `label` took `duration` from arrival to its last byte.
     pub fn record_request(&self, label: RequestLabel, duration: Duration) {
         match label {
-            RequestLabel::Gated(id) => self.counters(id).requests.record(duration),
+            RequestLabel::Gated(id) => {
+                if let Some(c) = self.counters(id) {
+                    c.requests.record(duration);
+                }
+            }
             RequestLabel::Passthrough => self.passthrough.record(duration),
         }
     }
@@ -217,7 +248,7 @@ impl Transports {
                 in_flight: c.in_flight.load(Ordering::Relaxed),
                 queued: c.queued.load(Ordering::Relaxed),
                 admitted: c.admitted.load(Ordering::Relaxed),
-                rejected: std::array::from_fn(|i| c.rejected[i].load(Ordering::Relaxed)),
+                rejected: c.rejected.each_ref().map(|r| r.load(Ordering::Relaxed)),
             })
             .collect()
     }

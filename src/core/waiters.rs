@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::count::{decrement, increment};
 use super::gate::Rejection;
 
 const NIL: u32 = u32::MAX;
@@ -127,85 +128,96 @@ impl<W> WaitQueue<W> {
 
     /// Records held in the slab, including granted and shed ones not yet claimed.
     pub fn records(&self) -> usize {
-        let mut free = 0;
-        let mut i = self.free_head;
-        while i != NIL {
-            free += 1;
-            i = self.nodes[i as usize].next_free;
-        }
-        self.nodes.len() - free
+        self.nodes.iter().filter(|node| node.occupied).count()
     }
 
-    /// Adds a waiter at the back of the queue and of `lane`.
-    pub fn push(&mut self, lane: &mut Lane, scope: Option<Arc<str>>, now: Duration) -> WaiterKey {
+    /// Adds a waiter at the back of the queue and of `lane`; `outside_depth` marks a turn
+    /// held back only by soft memory pressure. `None` when the slab is full: its indices are
+    /// `u32`, so it holds at most 2^32 - 1 records (hundreds of GiB of them).
+    pub fn push(
+        &mut self,
+        lane: &mut Lane,
+        scope: Option<Arc<str>>,
+        now: Duration,
+        outside_depth: bool,
+    ) -> Option<WaiterKey> {
         let seq = self.next_seq;
-        self.next_seq += 1;
-        let index = if self.free_head != NIL {
-            let index = self.free_head;
-            let node = &mut self.nodes[index as usize];
-            self.free_head = node.next_free;
-            node.occupied = true;
-            node.state = WaiterState::Waiting;
-            node.waker = None;
-            node.scope = scope;
-            node.seq = seq;
-            node.enqueued_at = now;
-            node.outside_depth = false;
-            index
-        } else {
-            let index = u32::try_from(self.nodes.len()).expect("more than 2**32 waiters");
-            assert!(index != NIL, "more than 2**32 - 1 waiters");
-            self.nodes.push(Waiter {
-                generation: 0,
-                occupied: true,
-                state: WaiterState::Waiting,
-                waker: None,
-                scope,
-                seq,
-                enqueued_at: now,
-                outside_depth: false,
-                all: Links::default(),
-                lane: Links::default(),
-                next_free: NIL,
-            });
-            index
+        let free = (self.free_head != NIL).then_some(self.free_head);
+        let reused = free.and_then(|index| Some((index, self.nodes.get_mut(index as usize)?)));
+        let (index, generation) = match reused {
+            Some((index, node)) => {
+                self.free_head = node.next_free;
+                node.occupied = true;
+                node.state = WaiterState::Waiting;
+                node.waker = None;
+                node.scope = scope;
+                node.seq = seq;
+                node.enqueued_at = now;
+                node.outside_depth = outside_depth;
+                (index, node.generation)
+            }
+            None => {
+                let index = u32::try_from(self.nodes.len())
+                    .ok()
+                    .filter(|&index| index != NIL)?;
+                self.nodes.push(Waiter {
+                    generation: 0,
+                    occupied: true,
+                    state: WaiterState::Waiting,
+                    waker: None,
+                    scope,
+                    seq,
+                    enqueued_at: now,
+                    outside_depth,
+                    all: Links::default(),
+                    lane: Links::default(),
+                    next_free: NIL,
+                });
+                (index, 0)
+            }
         };
+        increment(&mut self.next_seq);
         self.link_back(index, true, lane);
         self.link_back(index, false, lane);
-        WaiterKey {
-            index,
-            generation: self.nodes[index as usize].generation,
-        }
+        Some(WaiterKey { index, generation })
     }
 
-    fn links(&mut self, index: u32, all: bool) -> &mut Links {
-        let node = &mut self.nodes[index as usize];
-        if all {
-            &mut node.all
-        } else {
-            &mut node.lane
-        }
+    /// The slot at `index`, held or free.
+    fn node(&self, index: u32) -> Option<&Waiter<W>> {
+        self.nodes.get(index as usize)
+    }
+
+    fn links(&mut self, index: u32, all: bool) -> Option<&mut Links> {
+        let node = self.nodes.get_mut(index as usize)?;
+        Some(if all { &mut node.all } else { &mut node.lane })
     }
 
     fn link_back(&mut self, index: u32, all: bool, lane: &mut Lane) {
-        let list = if all { &mut self.all } else { lane };
-        let tail = list.tail;
-        list.tail = index;
-        if list.head == NIL {
-            list.head = index;
-        }
-        list.len += 1;
-        *self.links(index, all) = Links {
+        let tail = if all { self.all.tail } else { lane.tail };
+        let Some(links) = self.links(index, all) else {
+            return;
+        };
+        *links = Links {
             prev: tail,
             next: NIL,
         };
         if tail != NIL {
-            self.links(tail, all).next = index;
+            if let Some(links) = self.links(tail, all) {
+                links.next = index;
+            }
         }
+        let list = if all { &mut self.all } else { lane };
+        list.tail = index;
+        if list.head == NIL {
+            list.head = index;
+        }
+        increment(&mut list.len);
     }
 
     fn unlink_from(&mut self, index: u32, all: bool, lane: &mut Lane) {
-        let Links { prev, next } = *self.links(index, all);
+        let Some(&mut Links { prev, next }) = self.links(index, all) else {
+            return;
+        };
         let list = if all { &mut self.all } else { lane };
         if prev == NIL {
             list.head = next;
@@ -213,28 +225,55 @@ impl<W> WaitQueue<W> {
         if next == NIL {
             list.tail = prev;
         }
-        list.len -= 1;
+        decrement(&mut list.len, "a wait list's length");
         if prev != NIL {
-            self.links(prev, all).next = next;
+            if let Some(links) = self.links(prev, all) {
+                links.next = next;
+            }
         }
         if next != NIL {
-            self.links(next, all).prev = prev;
+            if let Some(links) = self.links(next, all) {
+                links.prev = prev;
+            }
         }
     }
 
-    /// Takes a waiting record off the queue and its lane, leaving it in the slab in `state`.
-    pub fn unlink(&mut self, index: u32, lane: &mut Lane, state: WaiterState) {
-        debug_assert_eq!(self.nodes[index as usize].state, WaiterState::Waiting);
+    /// Takes a waiting record off the queue and its lane, leaving it in the slab in `state`,
+    /// and returns it. `None`, changing nothing, when `index` holds no waiting record:
+    /// unlinking one that is off the lists would corrupt them.
+    pub fn unlink(
+        &mut self,
+        index: u32,
+        lane: &mut Lane,
+        state: WaiterState,
+    ) -> Option<&mut Waiter<W>> {
+        let waiting = self
+            .get(index)
+            .is_some_and(|node| node.state == WaiterState::Waiting);
+        debug_assert!(waiting, "unlinking record {index}, which is not waiting");
+        if !waiting {
+            return None;
+        }
         self.unlink_from(index, true, lane);
         self.unlink_from(index, false, lane);
-        self.nodes[index as usize].state = state;
+        let node = self.get_mut(index)?;
+        node.state = state;
+        Some(node)
     }
 
     /// Frees a record that is off the lists, returning its waker (to be dropped by the
-    /// caller outside the gate's lock).
+    /// caller outside the gate's lock). Nothing happens when `index` holds no record, or one
+    /// still on the lists (freeing it would leave the lists pointing at a free slot).
     pub fn free(&mut self, index: u32) -> Option<W> {
-        let node = &mut self.nodes[index as usize];
-        debug_assert!(node.occupied && node.state != WaiterState::Waiting);
+        let node = self
+            .nodes
+            .get_mut(index as usize)
+            .filter(|node| node.occupied && node.state != WaiterState::Waiting);
+        debug_assert!(
+            node.is_some(),
+            "freeing record {index}: free or still waiting"
+        );
+        let node = node?;
         node.occupied = false;
         node.generation = node.generation.wrapping_add(1);
         node.scope = None;
@@ -245,18 +284,35 @@ impl<W> WaitQueue<W> {
 
     /// The record a key names, if it is still the same record.
     pub fn resolve(&self, key: WaiterKey) -> Option<u32> {
-        let node = self.nodes.get(key.index as usize)?;
-        (node.occupied && node.generation == key.generation).then_some(key.index)
+        self.lookup(key).map(|(index, _)| index)
     }
 
-    /// The record at `index`.
-    pub fn get(&self, index: u32) -> &Waiter<W> {
-        &self.nodes[index as usize]
+    /// The record a key names and its index, if it is still the same record.
+    pub fn lookup(&self, key: WaiterKey) -> Option<(u32, &Waiter<W>)> {
+        let node = self
+            .get(key.index)
+            .filter(|node| node.generation == key.generation)?;
+        Some((key.index, node))
     }
 
-    /// The record at `index`, mutably.
-    pub fn get_mut(&mut self, index: u32) -> &mut Waiter<W> {
-        &mut self.nodes[index as usize]
+    /// [`WaitQueue::lookup`], mutably.
+    pub fn lookup_mut(&mut self, key: WaiterKey) -> Option<(u32, &mut Waiter<W>)> {
+        let node = self
+            .get_mut(key.index)
+            .filter(|node| node.generation == key.generation)?;
+        Some((key.index, node))
+    }
+
+    /// The record at `index`; `None` when the slot is free (or out of range).
+    pub fn get(&self, index: u32) -> Option<&Waiter<W>> {
+        self.node(index).filter(|node| node.occupied)
+    }
+
+    /// The record at `index`, mutably; `None` when the slot is free (or out of range).
+    pub fn get_mut(&mut self, index: u32) -> Option<&mut Waiter<W>> {
+        self.nodes
+            .get_mut(index as usize)
+            .filter(|node| node.occupied)
     }
 
     /// The oldest waiter of all, if any.
@@ -269,12 +325,13 @@ impl<W> WaitQueue<W> {
         (lane.head != NIL).then_some(lane.head)
     }
 
-    /// The key of the record at `index`.
-    pub fn key(&self, index: u32) -> WaiterKey {
-        WaiterKey {
+    /// The key of the record at `index`, if the slot holds one.
+    pub fn key(&self, index: u32) -> Option<WaiterKey> {
+        let node = self.get(index)?;
+        Some(WaiterKey {
             index,
-            generation: self.nodes[index as usize].generation,
-        }
+            generation: node.generation,
+        })
     }
 
     /// Frees every record, returning all wakers (to be dropped outside the lock). The
@@ -291,8 +348,11 @@ impl<W> WaitQueue<W> {
                 node.scope = None;
             }
             wakers.extend(node.waker.take());
-            node.next_free = self.free_head;
-            self.free_head = index as u32;
+            // Always a `u32`: `push` never grows the slab past `NIL`.
+            if let Ok(index) = u32::try_from(index) {
+                node.next_free = self.free_head;
+                self.free_head = index;
+            }
         }
         wakers
     }
@@ -305,14 +365,14 @@ impl<W> WaitQueue<W> {
                 return None;
             }
             let current = i;
-            i = self.nodes[i as usize].all.next;
+            i = self.node(current).map_or(NIL, |node| node.all.next);
             Some(current)
         })
     }
 
     /// The waiter before `index` in its lane.
     pub fn lane_prev(&self, index: u32) -> Option<u32> {
-        let prev = self.nodes[index as usize].lane.prev;
+        let prev = self.get(index)?.lane.prev;
         (prev != NIL).then_some(prev)
     }
 
@@ -329,7 +389,7 @@ impl<W> WaitQueue<W> {
                 return None;
             }
             let current = i;
-            i = self.nodes[i as usize].lane.next;
+            i = self.node(current).map_or(NIL, |node| node.lane.next);
             Some(current)
         })
     }
@@ -344,9 +404,9 @@ mod tests {
         let mut q: WaitQueue<()> = WaitQueue::default();
         let mut a = Lane::default();
         let mut b = Lane::default();
-        let k1 = q.push(&mut a, None, Duration::ZERO);
-        let k2 = q.push(&mut b, None, Duration::ZERO);
-        let k3 = q.push(&mut a, None, Duration::ZERO);
+        let k1 = q.push(&mut a, None, Duration::ZERO, false).unwrap();
+        let k2 = q.push(&mut b, None, Duration::ZERO, false).unwrap();
+        let k3 = q.push(&mut a, None, Duration::ZERO, false).unwrap();
         assert_eq!(q.iter_all().collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(q.iter_lane(&a).collect::<Vec<_>>(), vec![0, 2]);
         let i1 = q.resolve(k1).unwrap();
@@ -356,7 +416,7 @@ mod tests {
         assert_eq!(q.len(), 2);
         q.free(i1);
         assert_eq!(q.resolve(k1), None);
-        let k4 = q.push(&mut b, None, Duration::ZERO);
+        let k4 = q.push(&mut b, None, Duration::ZERO, false).unwrap();
         assert_eq!(q.resolve(k4), Some(0), "the freed record is reused");
         assert_eq!(q.resolve(k1), None, "a stale key stays stale after reuse");
         assert_eq!(q.iter_lane(&b).collect::<Vec<_>>(), vec![1, 0]);
@@ -368,12 +428,14 @@ mod tests {
         let i2 = q.resolve(k2).unwrap();
         q.unlink(i2, &mut b, WaiterState::Granted);
         assert_eq!(q.iter_all().collect::<Vec<_>>(), vec![0]);
-        let k5 = q.push(&mut a, None, Duration::ZERO);
+        let k5 = q.push(&mut a, None, Duration::ZERO, false).unwrap();
         assert_eq!(q.clear().len(), 0, "no wakers were registered");
         assert!(q.is_empty() && q.records() == 0);
         assert_eq!(q.resolve(k4), None, "clear invalidates every key");
         assert_eq!(q.resolve(k5), None);
-        let k6 = q.push(&mut Lane::default(), None, Duration::ZERO);
+        let k6 = q
+            .push(&mut Lane::default(), None, Duration::ZERO, false)
+            .unwrap();
         assert!(q.resolve(k6).is_some());
     }
 }

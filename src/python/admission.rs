@@ -24,11 +24,13 @@ use super::args;
 use super::awaitables::{ready, Wait};
 use super::blocking::BlockingWait;
 use super::errors::guard;
-use super::fleet::{acquire_blocking, fleet_epoch, lease_scope, Blocked, LeaseWait, TurnLease};
+use super::fleet::{
+    acquire_blocking, fleet_epoch, lease_scope, Blocked, LeaseWait, PyFleetLimit, TurnLease,
+};
 use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection;
-use super::runtime::{log, now, running_loop};
+use super::runtime::{deadline_after, log, now, running_loop};
 use crate::core::transport::TransportId;
 use crate::core::{Arrival, Rejection, TurnSlot, WaiterKey};
 
@@ -267,13 +269,11 @@ impl Admission {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        timeout.map(|t| now() + t)
+        timeout.and_then(deadline_after)
     }
 
     /// The scope of this turn's lease.
-    fn lease_scope(&self, py: Python<'_>) -> PyResult<Arc<str>> {
-        let gate = self.gate.get();
-        let fleet = gate.fleet().expect("a gate with a fleet limit");
+    fn lease_scope(&self, py: Python<'_>, fleet: &Py<PyFleetLimit>) -> PyResult<Arc<str>> {
         Ok(lease_scope(
             fleet.get(),
             &args::scope_key(self.session_id.bind(py))?,
@@ -353,7 +353,7 @@ impl Admission {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                Ok(Arrived::Queued(key, timeout.map(|t| now() + t)))
+                Ok(Arrived::Queued(key, timeout.and_then(deadline_after)))
             }
         }
     }
@@ -390,7 +390,7 @@ impl Admission {
                         slf.clone().unbind(),
                         None,
                         fleet.clone_ref(py),
-                        this.lease_scope(py)?,
+                        this.lease_scope(py, fleet)?,
                         this.deadline(),
                         this.gate.get().lease_waits.register(),
                     );
@@ -419,7 +419,7 @@ impl Admission {
                             slf.clone().unbind(),
                             Some(wait),
                             fleet.clone_ref(py),
-                            this.lease_scope(py)?,
+                            this.lease_scope(py, fleet)?,
                             deadline,
                             this.gate.get().lease_waits.register(),
                         );
@@ -469,7 +469,13 @@ impl Admission {
         };
         // The local slot is held: now the lease, on this thread too.
         let interrupt = this.gate.get().lease_waits.register();
-        match acquire_blocking(py, fleet.get(), this.lease_scope(py)?, deadline, &interrupt) {
+        match acquire_blocking(
+            py,
+            fleet.get(),
+            this.lease_scope(py, fleet)?,
+            deadline,
+            &interrupt,
+        ) {
             Err(err) => {
                 Self::lease_cancelled(slf);
                 Err(err)

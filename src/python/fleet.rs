@@ -8,6 +8,14 @@
 //! * [`events`]: the protocol's events, logged on the `admitgate` logger.
 //! * [`turn`]: a gate turn's lease (`AdmissionGate(..., fleet=...)`): the wait after the local
 //!   slot, lending during a human wait, the release with the slot.
+//!
+//! # No panics
+//!
+//! As in the core and the lease protocol, none of this code panics: no `unwrap`, `expect`,
+//! `panic!`, unchecked indexing or overflowing arithmetic (denied for the whole crate in
+//! `src/lib.rs`). Starting the fleet
+//! runtime can fail (the system refuses a thread, say): the Python call that needed it raises
+//! `RuntimeError` naming the cause.
 
 mod events;
 mod lease;

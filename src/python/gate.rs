@@ -23,7 +23,7 @@ use super::fork::register_gate;
 use super::human_wait::human_wait_scope;
 use super::policy::{decision_from, not_a_decision, PyConcurrencyLimitPolicy};
 use super::resources::ResourceGate;
-use super::runtime::{log, now, running_loop};
+use super::runtime::{deadline_after, log, now, running_loop};
 use super::wake::{Core, DrainWaiter, ThreadSignal};
 use crate::core::histogram::HistogramSnapshot;
 use crate::core::transport::TransportId;
@@ -567,7 +567,11 @@ impl PyAdmissionGate {
     #[pyo3(signature = (timeout=None))]
     fn _wait_drained(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         guard(|| {
-            let deadline = timeout.map(|t| now() + Duration::from_secs_f64(t.max(0.0)));
+            // An infinite or unrepresentably long timeout is no bound at all; NaN and
+            // negatives are no wait (the Python wrapper validates before calling).
+            let deadline = timeout
+                .and_then(|t| Duration::try_from_secs_f64(t.max(0.0)).ok())
+                .and_then(deadline_after);
             let signal = Arc::new(ThreadSignal::default());
             if !self
                 .core
@@ -733,8 +737,8 @@ impl PyAdmissionGate {
                 d.set_item("queued", t.queued)?;
                 d.set_item("admitted", t.admitted)?;
                 let rejected = PyDict::new(py);
-                for reason in Rejection::ALL {
-                    rejected.set_item(reason.as_str(), t.rejected[reason.index()])?;
+                for (reason, count) in Rejection::ALL.iter().zip(t.rejected) {
+                    rejected.set_item(reason.as_str(), count)?;
                 }
                 d.set_item("rejected", rejected)?;
                 out.set_item(&*t.name, d)?;
@@ -877,6 +881,7 @@ impl PyAdmissionGate {
 
 /// Panics inside the gate's lock, to prove a Rust panic surfaces as `InternalError` and the
 /// gate stays usable. For admitgate's own tests.
+#[allow(clippy::panic, reason = "the test hook panics on purpose")]
 #[pyfunction]
 pub fn _panic_inside_gate(gate: &Bound<'_, PyAdmissionGate>) -> PyResult<()> {
     guard(|| {

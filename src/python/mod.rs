@@ -1,5 +1,15 @@
 //! The PyO3 binding: converts arguments, maps errors and wraps the core's types. No
 //! admission logic lives here.
+//!
+//! # Panics
+//!
+//! The binding's own code does not panic either: the crate root (`src/lib.rs`) denies the
+//! same lints for it as for the core, except in the two test hooks that panic on purpose
+//! (`_panic_inside_gate`, `_panic_in_next_wakes`). What can still panic is PyO3's and the
+//! standard library's own code. Every entry point catches that ([`errors::guard`]) and raises
+//! `admitgate.InternalError`; a waker that panics withdraws its turn, so the slot it was
+//! granted goes to the next waiter ([`wake`]), and the core's wake-ups carry on past it
+//! ([`crate::core::Wakes::run`]).
 
 mod admission;
 mod args;
@@ -44,7 +54,7 @@ mod _admitgate {
     #[pymodule_export]
     use super::resources::PyRssSampler;
     #[pymodule_export]
-    use super::wake::{_resolve_waiter, LoopMailbox};
+    use super::wake::{_panic_in_next_wakes, _resolve_waiter, LoopMailbox};
 
     use super::*;
 

@@ -26,12 +26,13 @@ pub fn decision_object(py: Python<'_>, decision: Decision) -> PyResult<Py<PyAny>
             members.get_item(2)?.unbind(),
         ])
     })?;
-    let index = match decision {
-        Decision::Admit => 0,
-        Decision::Queue => 1,
-        Decision::Reject => 2,
+    let [admit, queue, reject] = members;
+    let member = match decision {
+        Decision::Admit => admit,
+        Decision::Queue => queue,
+        Decision::Reject => reject,
     };
-    Ok(members[index].clone_ref(py))
+    Ok(member.clone_ref(py))
 }
 
 /// The error for a policy method that answered something other than a decision.

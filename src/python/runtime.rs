@@ -14,6 +14,12 @@ pub fn now() -> Duration {
     EPOCH.get_or_init(Instant::now).elapsed()
 }
 
+/// The deadline `timeout` from now on [`now`]'s clock; `None` (no deadline) for a timeout
+/// so long that the deadline would not fit a `Duration`, which no wait could reach anyway.
+pub fn deadline_after(timeout: Duration) -> Option<Duration> {
+    now().checked_add(timeout)
+}
+
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {

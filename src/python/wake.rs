@@ -8,7 +8,7 @@
 //! withdrawn by a periodic sweep ([`Core::sweep_closed_loops`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -324,8 +324,32 @@ pub struct LoopWaker {
     pub core: Arc<Core>,
 }
 
+/// How many of the next wake-ups of queued turns panic on purpose (`_panic_in_next_wakes`).
+static WAKE_PANICS_TO_INJECT: AtomicU32 = AtomicU32::new(0);
+
+/// Panics if a test asked for it; one relaxed load otherwise, and only on the queued path.
+#[allow(clippy::panic, reason = "the test hook panics on purpose")]
+fn inject_wake_panic() {
+    if WAKE_PANICS_TO_INJECT.load(Ordering::Relaxed) > 0
+        && WAKE_PANICS_TO_INJECT
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        panic!("deliberate panic while waking a queued turn, for a test");
+    }
+}
+
+/// Makes the next `count` wake-ups of queued turns panic midway (after the gate granted the
+/// slot, before the turn hears of it), to prove such a panic strands nobody. For admitgate's
+/// own tests.
+#[pyfunction]
+pub fn _panic_in_next_wakes(count: u32) {
+    WAKE_PANICS_TO_INJECT.store(count, Ordering::Relaxed);
+}
+
 impl LoopWaker {
     fn wake_on_loop(&self, py: Python<'_>) -> PyResult<bool> {
+        inject_wake_panic();
         let fut = self.fut.bind(py);
         let event_loop = self.event_loop.bind(py);
         if std::thread::current().id() == self.loop_thread {
@@ -394,13 +418,26 @@ impl LoopWaker {
                 .in_transit
                 .lock()
                 .insert(self.key, self.event_loop.clone_ref(py));
-            if self.wake_on_loop(py).unwrap_or(false) {
-                return Wakes::default();
+            let delivered =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.wake_on_loop(py)));
+            match delivered {
+                Ok(Ok(true)) => return Wakes::default(),
+                Ok(_) => {}
+                Err(_) => {
+                    // A panic in PyO3 or the standard library while waking: the turn may never
+                    // hear of its slot, so it is withdrawn like one whose loop is gone, and the
+                    // slot goes to the next waiter instead of being held for nobody.
+                    log(
+                        py,
+                        "error",
+                        "AdmissionGate: internal error while waking a queued turn; it was withdrawn and its slot handed on".into(),
+                    );
+                }
             }
             // Nobody can run this turn any more (its loop is gone): withdraw it, which
             // hands the slot it was just given to the next waiter.
             self.core.delivered(self.key);
-            if !self.core.warned_closed_loop.swap(true, Ordering::Relaxed) {
+            if delivered.is_ok() && !self.core.warned_closed_loop.swap(true, Ordering::Relaxed) {
                 log(
                     py,
                     "warning",

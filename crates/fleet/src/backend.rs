@@ -102,7 +102,9 @@ impl Backend {
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let bound = self.connect_timeout + self.command_timeout;
+        // Both are validated (at most a minute each), so the sum never saturates; if it did,
+        // `timeout` would take `Duration::MAX` as no bound at all.
+        let bound = self.connect_timeout.saturating_add(self.command_timeout);
         let attempts = async {
             let first = f(self.connection()?).await;
             match first {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The largest cap accepted, the same bound the local gate uses for its counts.
-const MAX_COUNT: u32 = i32::MAX as u32;
+const MAX_COUNT: u32 = i32::MAX.unsigned_abs();
 
 /// What a replica does with an admission while Redis cannot be reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -151,7 +151,8 @@ impl FleetConfig {
 
     /// The heartbeat period in force: the configured one, else a third of `lease_ttl`.
     pub fn effective_heartbeat_interval(&self) -> Duration {
-        self.heartbeat_interval.unwrap_or(self.lease_ttl / 3)
+        self.heartbeat_interval
+            .unwrap_or_else(|| fraction(self.lease_ttl, 3))
     }
 
     /// Checks every field; the error names the first bad one and its value.
@@ -191,7 +192,7 @@ impl FleetConfig {
             "command_timeout",
             self.command_timeout,
             Duration::from_millis(10),
-            self.lease_ttl / 2,
+            fraction(self.lease_ttl, 2),
         )
         .map_err(|mut e| {
             e.reason
@@ -293,6 +294,13 @@ impl fmt::Display for FleetConfig {
     }
 }
 
+/// `duration / parts`, for a constant `parts` above zero: `checked_div` fails only for zero, so
+/// its fallback (zero) is never taken.
+fn fraction(duration: Duration, parts: u32) -> Duration {
+    debug_assert!(parts > 0, "a duration divided into no parts");
+    duration.checked_div(parts).unwrap_or(Duration::ZERO)
+}
+
 fn check_duration(
     field: &'static str,
     value: Duration,
@@ -309,39 +317,39 @@ fn check_duration(
     Ok(())
 }
 
-/// Where the user-info of a URL sits: `(start, end)` byte offsets of the text between `://` and
-/// the last `@` of the authority, if there is one.
-fn userinfo_span(url: &str) -> Option<(usize, usize)> {
-    let start = url.find("://")? + 3;
-    let rest = &url[start..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let at = rest[..authority_end].rfind('@')?;
-    Some((start, start + at))
+/// A URL split around its user-info (the text between `://` and the last `@` of the authority):
+/// `(scheme, user-info, the rest from that `@` on)`, or `None` when it has none. Slices, not
+/// offsets, so that putting the URL back together cannot cut a character in two.
+fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let (authority, _) = rest.split_once(['/', '?', '#']).unwrap_or((rest, ""));
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    // `userinfo` is a prefix of `rest`, so this is the `@` and what follows it.
+    let after = rest.get(userinfo.len()..)?;
+    Some((scheme, userinfo, after))
 }
 
 /// The URL with its password replaced by `***`; a user-info without a colon (which some clients
 /// read as a password) is replaced whole.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((start, end)) = userinfo_span(url) else {
+    let Some((scheme, userinfo, after)) = split_userinfo(url) else {
         return url.to_owned();
     };
-    let userinfo = &url[start..end];
-    let shown = match userinfo.find(':') {
-        Some(colon) => format!("{}:***", &userinfo[..colon]),
+    let shown = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
         None => "***".to_owned(),
     };
-    format!("{}{}{}", &url[..start], shown, &url[end..])
+    format!("{scheme}://{shown}{after}")
 }
 
 /// The secrets a URL carries (the password as written and percent-decoded), so messages from the
 /// driver can be scrubbed of them.
 pub(crate) fn url_secrets(url: &str) -> Vec<String> {
-    let Some((start, end)) = userinfo_span(url) else {
+    let Some((_, userinfo, _)) = split_userinfo(url) else {
         return Vec::new();
     };
-    let userinfo = &url[start..end];
-    let raw = match userinfo.find(':') {
-        Some(colon) => &userinfo[colon + 1..],
+    let raw = match userinfo.split_once(':') {
+        Some((_, password)) => password,
         None => userinfo,
     };
     let mut secrets = Vec::new();
@@ -355,21 +363,27 @@ pub(crate) fn url_secrets(url: &str) -> Vec<String> {
     secrets
 }
 
+/// `%XX` escapes decoded (a `%` not followed by two hex digits is kept as it is); invalid UTF-8
+/// in the result is replaced.
 fn percent_decode(text: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
+    let hex = |b: u8| char::from(b).to_digit(16);
+    // Two hex digits make a byte: at most 15 * 16 + 15.
+    let byte = |hi: u8, lo: u8| {
+        let value = hex(hi)?.checked_mul(16)?.checked_add(hex(lo)?)?;
+        u8::try_from(value).ok()
+    };
+    let mut out = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        if let [b'%', hi, lo, after @ ..] = rest {
+            if let Some(decoded) = byte(*hi, *lo) {
+                out.push(decoded);
+                rest = after;
                 continue;
             }
         }
-        out.push(bytes[i]);
-        i += 1;
+        out.push(first);
+        rest = tail;
     }
     String::from_utf8_lossy(&out).into_owned()
 }
@@ -498,6 +512,32 @@ mod tests {
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
         // An @ in the path or query is not user-info.
         assert_eq!(redact_url("redis://h:1/0?x=a@b"), "redis://h:1/0?x=a@b");
+    }
+
+    #[test]
+    fn odd_user_info_is_redacted_without_panicking() {
+        // Multi-byte characters around every separator, and truncated escapes.
+        assert_eq!(
+            redact_url("redis://é:ü€@hôst:1/ö"),
+            "redis://é:***@hôst:1/ö"
+        );
+        assert_eq!(redact_url("redis://€@h"), "redis://***@h");
+        assert_eq!(redact_url("redis://@h"), "redis://***@h");
+        assert_eq!(redact_url("redis://a:b@"), "redis://a:***@");
+        assert_eq!(redact_url("redis://a:b@c@h/x@y"), "redis://a:***@h/x@y");
+        assert_eq!(redact_url("redis:/a:b@h"), "redis:/a:b@h");
+        assert_eq!(url_secrets("redis://u:%@h"), vec!["%".to_owned()]);
+        assert_eq!(url_secrets("redis://u:%4@h"), vec!["%4".to_owned()]);
+        assert_eq!(
+            url_secrets("redis://u:%zz%41%@h"),
+            vec!["%zz%41%".to_owned(), "%zzA%".to_owned()]
+        );
+        assert_eq!(
+            url_secrets("redis://u:%C3%A9%FF@h"),
+            vec!["%C3%A9%FF".to_owned(), "é\u{FFFD}".to_owned()]
+        );
+        assert!(url_secrets("redis://u:@h").is_empty());
+        assert_eq!(percent_decode("%%41%4"), "%A%4");
     }
 
     #[test]

@@ -22,8 +22,18 @@ pub(crate) async fn run(limit: Weak<Inner>, beat_now: Arc<Notify>, replan: Arc<N
             Some(inner) => inner.period(),
             None => return,
         };
+        // The period is validated (at most an hour), so the deadline is always representable.
+        // One past the clock's range would never be reached anyway: then only a notification
+        // wakes the heartbeat (no deadline, as `tokio::time::timeout` does for such a bound).
+        let next = last.checked_add(period);
+        let due = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep_until(last + period) => {}
+            _ = due => {}
             _ = beat_now.notified() => {}
             _ = replan.notified() => continue,
         }

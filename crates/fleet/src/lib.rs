@@ -124,6 +124,48 @@
 //! replica's heartbeat is one pipelined call per `lease_ttl / 3` (per `recheck_interval` while
 //! it has waiting turns), whatever the number of its leases. A script's work grows with the
 //! number of waiting tickets (each call walks the queue once).
+//!
+//! # No panics
+//!
+//! The crate never panics: no `unwrap`, `expect`, `panic!`, unchecked indexing or overflowing
+//! arithmetic, which the lints below deny and CI's `cargo clippy` enforces. The durations are
+//! validated before anything runs, so deadline arithmetic cannot overflow (and saturates
+//! anyway); a case that could only arise from a bug (a count of this replica's leases going
+//! below zero) is checked by `debug_assert!` and stops at zero in release builds. The
+//! replica's own record of its leases and waiting turns changes under one mutex that is never
+//! held across an `await` or a call out. The event handler, the one callback into foreign
+//! code, runs with no lock held, and a panic in it is contained: the event is lost, not the
+//! heartbeat. What can still panic is tokio itself, if the runtime given to
+//! [`FleetLimit::new`] lacks its time or I/O driver. Allocation failure aborts the process.
+//!
+//! **A network failure halfway** (the request sent, no reply) cannot leave Redis half-changed:
+//! each step of the protocol is one Lua script, which Redis runs to its end once it has started,
+//! whatever becomes of the connection, with no other command in between. What the replica
+//! cannot know is whether it ran, and it need not: the failure is an outage (see
+//! [Outages](#outages)) and the id the call carried is settled when Redis answers again. With
+//! `local` (and always for a [`reclaim`](FleetLimit::reclaim)) the turn runs on a local lease
+//! under that id, which the recovery heartbeat registers: renewed if the lost call took it,
+//! else re-taken or counted lost. With `reject` the turn is refused and a release of the id
+//! (which removes whichever of lease and ticket exists) is owed, and sent before the backend is
+//! said to be up. Every script is idempotent per lease id, so running one twice (the retry on a
+//! dropped connection, or a release sent again) is harmless.
+
+// Denied outside tests only, as in admitgate's core: tests unwrap and index to state what they
+// expect, and a test that panics is a test that fails. The integration tests in `tests/` are
+// separate crates and are not covered.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
 
 mod backend;
 mod config;

@@ -58,14 +58,16 @@ pub(crate) struct Inner {
 
 impl FleetLimit {
     /// Validates `config` and prepares the limit; touches no network and starts no task yet.
-    /// `runtime` is where its tasks will run (admitgate's own runtime in the Python binding).
+    /// `runtime` is where its tasks will run (admitgate's own runtime in the Python binding); it
+    /// needs its time and I/O drivers (`enable_all`), without which tokio panics on first use.
     pub fn new(config: FleetConfig, runtime: Handle) -> Result<Self, ConfigError> {
         config.validate()?;
         let backend = Backend::new(&config, runtime.clone())?;
         let caps = Caps {
             cap: config.max_in_flight,
             slice: config.max_in_flight_per_scope,
-            ttl_ms: config.lease_ttl.as_millis() as u64,
+            // At most an hour (validated); saturating rather than truncating all the same.
+            ttl_ms: u64::try_from(config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
         };
         let scripts = Scripts::new(Keys::new(&config.key), caps);
         // Lease ids: replica id, a random per-instance nonce (pods restart with the same host
@@ -155,8 +157,8 @@ impl FleetLimit {
         };
         inner.counters.fill(&mut stats);
         let registry = inner.registry();
-        stats.held = registry.held() as u64;
-        stats.waiting = registry.waiting() as u64;
+        stats.held = u64::try_from(registry.held()).unwrap_or(u64::MAX);
+        stats.waiting = u64::try_from(registry.waiting()).unwrap_or(u64::MAX);
         stats
     }
 
@@ -215,13 +217,16 @@ impl Inner {
         self.counters.observe(status);
     }
 
+    /// Calls the event handler, with no lock held. A handler that panics loses that one event
+    /// (the panic hook has reported it) instead of ending the task that called it: the
+    /// heartbeat, whose end would let every lease of this replica expire.
     pub(crate) fn emit(&self, event: FleetEvent) {
         let handler = self
             .events
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        handler(&event);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&event)));
     }
 
     /// Starts the heartbeat and the pub/sub listener, once.

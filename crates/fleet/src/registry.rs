@@ -1,6 +1,12 @@
 //! This replica's own view of its leases and tickets: what the heartbeat renews, whom a grant
 //! wakes, and what is still owed to Redis after an outage. One plain mutex; nothing awaits while
 //! holding it.
+//!
+//! `held` and `waiting` count the entries of each kind. They are bounded by the entries that
+//! exist, so an increment cannot overflow (it saturates all the same). A decrement below zero
+//! would be an accounting bug (an entry forgotten twice): checked by `debug_assert!`, and
+//! stopped at zero in release builds, where a count wrapped to `usize::MAX` would make the
+//! heartbeat re-check at its fast pace for good and the stats absurd.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +43,18 @@ enum Entry {
         tx: Option<oneshot::Sender<Grant>>,
         resume: bool,
     },
+}
+
+/// Adds one to `count`, saturating (see the module documentation).
+fn increment(count: &mut usize) {
+    *count = count.saturating_add(1);
+}
+
+/// Takes one from `count`, which must be positive; `what` names it for a failed check.
+#[track_caller]
+fn decrement(count: &mut usize, what: &str) {
+    debug_assert!(*count > 0, "{what} went below zero");
+    *count = count.saturating_sub(1);
 }
 
 /// What [`Registry::remove`] found.
@@ -83,7 +101,7 @@ impl Registry {
         if let Some(old) = self.entries.insert(id, entry) {
             self.forget(&old);
         }
-        self.waiting += 1;
+        increment(&mut self.waiting);
         rx
     }
 
@@ -92,13 +110,13 @@ impl Registry {
         if let Some(old) = self.entries.insert(id, Entry::Held { scope, lost: false }) {
             self.forget(&old);
         }
-        self.held += 1;
+        increment(&mut self.held);
     }
 
     fn forget(&mut self, entry: &Entry) {
         match entry {
-            Entry::Held { .. } => self.held -= 1,
-            Entry::Waiting { .. } => self.waiting -= 1,
+            Entry::Held { .. } => decrement(&mut self.held, "held leases"),
+            Entry::Waiting { .. } => decrement(&mut self.waiting, "waiting turns"),
         }
     }
 
@@ -125,8 +143,8 @@ impl Registry {
                 scope: scope.clone(),
                 lost: false,
             };
-            self.waiting -= 1;
-            self.held += 1;
+            decrement(&mut self.waiting, "waiting turns");
+            increment(&mut self.held);
             if let Some(tx) = tx {
                 // The waiter may be gone already; its guard then gives the lease back.
                 let _ = tx.send(how);
@@ -216,7 +234,7 @@ impl Registry {
             if mode == OnBackendError::Local || resume {
                 self.grant(&id, Grant::Local);
             } else if let Some(Entry::Waiting { scope, tx, .. }) = self.entries.remove(&id) {
-                self.waiting -= 1;
+                decrement(&mut self.waiting, "waiting turns");
                 self.pending.push((id, scope));
                 if let Some(tx) = tx {
                     let _ = tx.send(Grant::Unavailable);
@@ -257,6 +275,17 @@ impl Registry {
     pub(crate) fn take_owed(&mut self) -> Vec<(Arc<str>, Arc<str>)> {
         std::mem::take(&mut self.pending)
     }
+
+    /// Panics unless `held` and `waiting` count the entries of each kind (tests only).
+    #[cfg(test)]
+    fn check_counts(&self) {
+        let held = self
+            .entries
+            .values()
+            .filter(|e| matches!(e, Entry::Held { .. }))
+            .count();
+        assert_eq!((self.held, self.waiting), (held, self.entries.len() - held));
+    }
 }
 
 #[cfg(test)]
@@ -293,6 +322,7 @@ mod tests {
         assert_eq!(r.remove("a"), Removed::Release);
         assert_eq!(r.remove("a"), Removed::Nothing);
         assert!(!r.grant("a", Grant::Fleet), "a withdrawn id is not granted");
+        r.check_counts();
     }
 
     #[test]
@@ -306,6 +336,7 @@ mod tests {
         assert!(!r.mark_lost("b"), "counted once");
         assert!(r.snapshot().is_empty(), "a lost lease is not renewed");
         assert_eq!(r.remove("b"), Removed::Nothing, "its release sends nothing");
+        r.check_counts();
     }
 
     #[test]
@@ -331,9 +362,11 @@ mod tests {
         assert_eq!(c.try_recv().unwrap(), Grant::Local);
         assert!(d.try_recv().is_err(), "only the named wait ended");
         assert_eq!((r.held(), r.waiting()), (2, 1));
+        r.check_counts();
         let owed = r.close();
         assert_eq!(d.try_recv().unwrap(), Grant::Closed);
         assert_eq!(owed.len(), 3);
         assert_eq!((r.held(), r.waiting()), (0, 0));
+        r.check_counts();
     }
 }

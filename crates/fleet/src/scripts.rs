@@ -110,11 +110,13 @@ fn script(body: &str) -> Script {
 }
 
 fn status(reply: &[i64]) -> RedisResult<FleetStatus> {
+    // A count below zero (never sent) reads as zero.
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
     match reply {
         [in_flight, borrowed, waiting, ..] => Ok(FleetStatus {
-            in_flight: (*in_flight).max(0) as u64,
-            borrowed: (*borrowed).max(0) as u64,
-            waiting: (*waiting).max(0) as u64,
+            in_flight: count(*in_flight),
+            borrowed: count(*borrowed),
+            waiting: count(*waiting),
         }),
         _ => Err(malformed(reply)),
     }
@@ -244,11 +246,13 @@ impl Scripts {
             }
         }
         let reply: Vec<i64> = call.invoke_async(con).await?;
-        if reply.len() != 3 + beats.len() {
-            return Err(malformed(&reply));
-        }
+        // The status, then one code per beat.
+        let codes = match reply.get(3..) {
+            Some(codes) if codes.len() == beats.len() => codes,
+            _ => return Err(malformed(&reply)),
+        };
         let mut results = Vec::with_capacity(beats.len());
-        for code in &reply[3..] {
+        for code in codes {
             results.push(match code {
                 0 => BeatResult::Renewed,
                 1 => BeatResult::Retaken,

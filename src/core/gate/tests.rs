@@ -59,7 +59,7 @@ fn queue(g: &Gate<Counter>, scope: &str) -> (WaiterKey, Counter) {
     }
 }
 
-fn claim(g: &Gate<Counter>, key: WaiterKey) -> Claim {
+fn claim<W: Waker>(g: &Gate<W>, key: WaiterKey) -> Claim {
     let (claim, wakes) = g.claim(key, || T0);
     wakes.run();
     g.check_invariants();
@@ -738,4 +738,79 @@ fn deferred_admission_counts_what_the_caller_experienced() {
         panic!("a free slot is granted");
     };
     assert_eq!(stats(&g).admitted, 0, "a forked child's gate still defers");
+}
+
+/// A waker that panics instead of waking when told to (standing in for a binding's waker
+/// whose foreign code panicked), counting the wakes it did deliver.
+struct MaybePanics {
+    woken: Arc<AtomicUsize>,
+    panics: bool,
+}
+
+impl Waker for MaybePanics {
+    fn wake(self) -> Wakes<Self> {
+        assert!(!self.panics, "deliberate panic in a waker");
+        self.woken.fetch_add(1, Ordering::SeqCst);
+        Wakes::default()
+    }
+}
+
+#[test]
+fn a_waker_panicking_mid_handoff_strands_nobody_else_and_counters_add_up() {
+    // Ceiling 1 with three waiters; raising the ceiling grants all three in one change, whose
+    // wakes run after the lock is released. The first waker panics in the middle of that run.
+    let g: Gate<MaybePanics> = Gate::new(ConcurrencyLimit::new(1, 3, "queue", 0).unwrap());
+    let (running, wakes) = g.arrive(None, None, Decision::Admit, || T0);
+    wakes.run();
+    let Arrival::Admitted(scope) = running else {
+        panic!("expected admission, got {running:?}")
+    };
+    let running = TurnSlot::new(scope);
+    let woken = Arc::new(AtomicUsize::new(0));
+    let keys: Vec<WaiterKey> = (0..3)
+        .map(|i| {
+            let (arrival, wakes) = g.arrive(None, None, Decision::Admit, || T0);
+            wakes.run();
+            let Arrival::Queued(key) = arrival else {
+                panic!("expected to queue, got {arrival:?}")
+            };
+            let waker = MaybePanics {
+                woken: woken.clone(),
+                panics: i == 0,
+            };
+            assert_eq!(g.register(key, waker).0, Registered::Waiting);
+            key
+        })
+        .collect();
+
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(4, 3, "queue", 0).unwrap());
+    assert_eq!(wakes.len(), 3);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wakes.run()));
+    assert!(outcome.is_err(), "the waker's panic reaches the caller");
+    assert_eq!(
+        woken.load(Ordering::SeqCst),
+        2,
+        "the waiters behind it were still woken"
+    );
+    g.check_invariants();
+
+    // The woken waiters run; the one whose waker panicked never heard, and its owner gives
+    // up (a wait timeout, a cancellation): its slot is handed back, it counts as cancelled.
+    assert_eq!(claim(&g, keys[1]), Claim::Admitted(None));
+    assert_eq!(claim(&g, keys[2]), Claim::Admitted(None));
+    let (cancelled, wakes) = g.cancel(keys[0]);
+    wakes.run();
+    assert_eq!(cancelled, Cancelled::ReturnedSlot);
+    g.check_invariants();
+    let s = g.stats(|| T0);
+    assert_eq!((s.in_flight, s.queued, s.granted_unclaimed), (3, 0, 0));
+    assert_eq!((s.admitted, s.cancelled, s.rejected, s.shed), (3, 1, 0, 0));
+
+    // The gate keeps serving: a newcomer takes the fourth slot at once.
+    let (arrival, wakes) = g.arrive(None, None, Decision::Admit, || T0);
+    wakes.run();
+    assert!(matches!(arrival, Arrival::Admitted(_)));
+    running.close(&g, None).run();
+    g.check_invariants();
+    assert_eq!(g.stats(|| T0).in_flight, 3);
 }

@@ -107,31 +107,33 @@ fn lines(batch: Vec<FleetEvent>) -> Vec<(&'static str, String)> {
 }
 
 fn flush_lost(lost: &mut Vec<FleetEvent>, out: &mut Vec<(&'static str, String)>) {
-    if lost.len() == 1 {
-        out.push(("warning", lost[0].to_string()));
-    } else if lost.len() > 1 {
-        let mut named: Vec<String> = lost
-            .iter()
-            .take(NAMED_LEASES)
-            .filter_map(|event| match event {
-                FleetEvent::LeaseLost { lease, scope } => {
-                    Some(format!("{lease} (scope {scope:?})"))
-                }
-                _ => None,
-            })
-            .collect();
-        if lost.len() > NAMED_LEASES {
-            named.push(format!("and {} more", lost.len() - NAMED_LEASES));
+    match lost.as_slice() {
+        [] => {}
+        [one] => out.push(("warning", one.to_string())),
+        many => {
+            let mut named: Vec<String> = many
+                .iter()
+                .take(NAMED_LEASES)
+                .filter_map(|event| match event {
+                    FleetEvent::LeaseLost { lease, scope } => {
+                        Some(format!("{lease} (scope {scope:?})"))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if let Some(more) = many.len().checked_sub(NAMED_LEASES).filter(|&n| n > 0) {
+                named.push(format!("and {more} more"));
+            }
+            out.push((
+                "warning",
+                format!(
+                    "fleet limit: {} leases expired under their turns and their room was taken \
+                     ({}); those turns run over the fleet cap",
+                    many.len(),
+                    named.join(", ")
+                ),
+            ));
         }
-        out.push((
-            "warning",
-            format!(
-                "fleet limit: {} leases expired under their turns and their room was taken \
-                 ({}); those turns run over the fleet cap",
-                lost.len(),
-                named.join(", ")
-            ),
-        ));
     }
     lost.clear();
 }

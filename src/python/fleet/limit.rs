@@ -69,7 +69,14 @@ fn seconds(
     default: f64,
 ) -> PyResult<Duration> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(Duration::from_secs_f64(default));
+        // The defaults are constants, or half a TTL that passed this very check.
+        return Duration::try_from_secs_f64(default).map_err(|_| {
+            bad(
+                arg,
+                "must be a finite number of seconds > 0",
+                &format!("a default of {default}"),
+            )
+        });
     };
     let secs = args::number(arg, value)?;
     if !secs.is_finite() || secs <= 0.0 {

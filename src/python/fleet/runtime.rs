@@ -27,7 +27,7 @@
 //!   completion is dropped unrun: its lease, if any, is given back.
 //!
 //! Only threads attached to the interpreter take [`RUNTIME`]'s lock (runtime threads use
-//! [`Handle::current`]), and `os.fork()` is called by an attached thread, so the child never
+//! [`Handle::try_current`]), and `os.fork()` is called by an attached thread, so the child never
 //! inherits it locked.
 //!
 //! # Why not `pyo3_async_runtimes::tokio`
@@ -92,7 +92,8 @@ fn build() -> std::io::Result<Runtime> {
         .build()
 }
 
-fn runtime_error(err: std::io::Error) -> PyErr {
+/// `RuntimeError`, naming why the runtime could not be started (or found).
+fn runtime_error(err: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(format!(
         "admitgate could not start its fleet runtime: {err}"
     ))
@@ -110,16 +111,18 @@ pub fn start() -> PyResult<Handle> {
 
 fn with_runtime(drive: bool) -> PyResult<Handle> {
     if OURS.with(Cell::get) {
-        return Ok(Handle::current());
+        // A runtime thread runs inside the runtime's context, so this never fails.
+        return Handle::try_current().map_err(runtime_error);
     }
     let mut slot = RUNTIME.lock();
-    if slot.is_none() {
-        *slot = Some(Owned {
+    let owned = match slot.take() {
+        Some(owned) => owned,
+        None => Owned {
             runtime: Arc::new(build().map_err(runtime_error)?),
             driven: false,
-        });
-    }
-    let owned = slot.as_mut().expect("just built");
+        },
+    };
+    let owned = slot.insert(owned);
     if drive && !owned.driven {
         let runtime = owned.runtime.clone();
         std::thread::Builder::new()
@@ -171,8 +174,8 @@ impl Drop for AttachGuard {
 pub fn _quiesce_fleet_runtime(py: Python<'_>) {
     CLOSING.store(true, Ordering::SeqCst);
     py.detach(|| {
-        let deadline = Instant::now() + QUIESCE_TIMEOUT;
-        while ENTERED.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        let started = Instant::now();
+        while ENTERED.load(Ordering::SeqCst) > 0 && started.elapsed() < QUIESCE_TIMEOUT {
             std::thread::sleep(Duration::from_millis(1));
         }
     });
@@ -197,10 +200,10 @@ tokio::task_local! {
     static TASK_LOCALS: OnceCell<TaskLocals>;
 }
 
-fn spawn_handle() -> Handle {
-    // Every caller went through `start()` first (or runs on the runtime); a runtime that cannot
-    // be built at this point is a bug, contained by the caller's panic guard.
-    start().expect("the fleet runtime was started before use")
+thread_local! {
+    /// Why [`FleetRuntime::spawn`] could not start the runtime for the conversion under way on
+    /// this (interpreter) thread; [`future_into_py`] raises it.
+    static SPAWN_FAILED: Cell<Option<PyErr>> = const { Cell::new(None) };
 }
 
 /// Work for the blocking pool that waits until the task tree it was submitted from is over.
@@ -248,6 +251,8 @@ pub enum Joined {
     Task(tokio::task::JoinHandle<()>),
     /// Deferred work: nothing to wait for.
     Deferred,
+    /// The runtime could not be started: the work was dropped unrun.
+    NotSpawned,
 }
 
 impl Future for Joined {
@@ -259,7 +264,7 @@ impl Future for Joined {
     ) -> std::task::Poll<Self::Output> {
         match self.get_mut() {
             Joined::Task(handle) => Pin::new(handle).poll(cx),
-            Joined::Deferred => std::task::Poll::Ready(Ok(())),
+            Joined::Deferred | Joined::NotSpawned => std::task::Poll::Ready(Ok(())),
         }
     }
 }
@@ -272,16 +277,28 @@ impl GenericRuntime for FleetRuntime {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        if OURS.with(Cell::get) {
+        let ours = OURS.with(Cell::get);
+        // `future_into_py` started the runtime just before, and a runtime thread runs inside it,
+        // so this fails only if the runtime was lost meanwhile (a fork) and cannot be rebuilt.
+        let handle = match start() {
+            Ok(handle) => handle,
+            Err(err) => {
+                // `fut` is dropped unrun. On the interpreter's thread `future_into_py` raises
+                // the error instead of returning an asyncio future that would never complete.
+                if !ours {
+                    SPAWN_FAILED.with(|failed| failed.set(Some(err)));
+                }
+                return Joined::NotSpawned;
+            }
+        };
+        if ours {
             // Spawned by a conversion's task: part of its tree.
-            let handle = Handle::current();
             return Joined::Task(match DEFERRED.try_with(Arc::clone) {
                 Ok(deferred) => handle.spawn(DEFERRED.scope(deferred, fut)),
                 Err(_) => handle.spawn(fut),
             });
         }
         // A conversion's outer task, spawned from the interpreter's thread.
-        let handle = spawn_handle();
         let deferred = Arc::new(Deferred::default());
         let runs_on = handle.clone();
         Joined::Task(handle.spawn(async move {
@@ -303,7 +320,12 @@ impl GenericRuntime for FleetRuntime {
                 deferred.push(Box::new(f));
                 Joined::Deferred
             }
-            Err(_) => Joined::Task(spawn_attached(&spawn_handle(), f)),
+            // Outside a conversion's tree: a runtime that cannot be started turns the
+            // completion away, dropped unrun like one turned away at exit.
+            Err(_) => match start() {
+                Ok(handle) => Joined::Task(spawn_attached(&handle, f)),
+                Err(_) => Joined::NotSpawned,
+            },
         }
     }
 }
@@ -338,7 +360,15 @@ where
     let locals = TaskLocals::with_running_loop(py)?;
     register_atexit(py)?;
     start()?;
-    pyo3_async_runtimes::generic::future_into_py_with_locals::<FleetRuntime, F, T>(py, locals, fut)
+    SPAWN_FAILED.with(|failed| failed.set(None));
+    let converted = pyo3_async_runtimes::generic::future_into_py_with_locals::<FleetRuntime, F, T>(
+        py, locals, fut,
+    );
+    // The asyncio future, if any, is dropped: nothing would ever complete it.
+    match SPAWN_FAILED.with(Cell::take) {
+        Some(err) => Err(err),
+        None => converted,
+    }
 }
 
 /// Runs `f` on the runtime's blocking pool (it may attach to the interpreter there).

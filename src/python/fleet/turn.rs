@@ -111,7 +111,8 @@ impl TurnLease {
         }
         let lent = {
             let mut state = self.state.lock();
-            state.waits += 1;
+            // Nested waits of one turn: 2^32 of them cannot happen, so this never saturates.
+            state.waits = state.waits.saturating_add(1);
             if state.waits != 1 {
                 None
             } else {
@@ -507,8 +508,8 @@ impl LeaseWait {
                 state.fut.as_ref().map(|f| f.clone_ref(py)),
             )
         };
-        if !local_done {
-            let local = self.local.as_ref().expect("a local wait until it is done");
+        // A turn without a local wait (it held its slot already) starts with `local_done`.
+        if let Some(local) = self.local.as_ref().filter(|_| !local_done) {
             match local.get().step(py) {
                 Ok(Some(fut)) => return Ok(Some(fut)),
                 Ok(None) => self.state.lock().local_done = true,
