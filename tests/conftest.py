@@ -9,6 +9,9 @@ run once per implementation, with ids ``admitgate`` and ``reference``, so
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 import types
 from typing import Any
 
@@ -122,6 +125,21 @@ def run(coro: Any, timeout: float | None = 5.0) -> Any:
         return await asyncio.wait_for(coro, timeout)
 
     return asyncio.run(guarded())
+
+
+def reap_child(pid: int, timeout: float, poll: float = 0.05) -> int:
+    """Waits for the forked child ``pid`` and returns its exit code; a child still running
+    after ``timeout`` seconds is killed and the test fails ("forked child hung")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("forked child hung")
+        time.sleep(poll)
 
 
 async def settle(rounds: int = 30) -> None:

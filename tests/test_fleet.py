@@ -27,7 +27,7 @@ from typing import Any
 import admitgate
 import pytest
 from admitgate import AdmissionRejected, FleetLimit
-from conftest import run
+from conftest import reap_child, run
 from fleet_support import (
     TLS_PASSWORD,
     RedisServer,
@@ -367,17 +367,7 @@ def test_a_forked_child_rebuilds_the_runtime_and_never_releases_the_parents_leas
             code = 0 if r.zscore(holders(key), parent_id) is not None else 1
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("forked child hung")
-        time.sleep(0.05)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert reap_child(pid, 30) == 0
     assert r.zrange(holders(key), 0, -1) == [parent_id]
 
     async def parent() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from admitgate import AdmissionGate, AdmissionRejected, FleetLimit, build_admission_gate
-from conftest import run
+from conftest import reap_child, run
 from fleet_support import RedisServer, eventually, free_port
 
 
@@ -349,17 +349,7 @@ def test_a_forked_child_never_gives_back_the_parents_turn_lease(redis_server: Re
             code = 0 if r.zrange(f"{{{key}}}:holders", 0, -1) == parent else 1
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("forked child hung")
-        time.sleep(0.05)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert reap_child(pid, 30) == 0
     assert r.zrange(f"{{{key}}}:holders", 0, -1) == parent, "the child left it alone"
     admission.__aexit__(None, None, None)
     deadline = time.monotonic() + 5

@@ -32,7 +32,7 @@ import warnings
 import admitgate
 import pytest
 from admitgate._admitgate import _panic_inside_gate
-from conftest import run, settle
+from conftest import reap_child, run, settle
 
 NAN, INF = math.nan, math.inf
 COUNT_ARGS = ("max_concurrent_runs", "queue_depth", "max_concurrent_runs_per_scope")
@@ -892,19 +892,10 @@ def _in_forked_child(check):
         finally:
             os._exit(code)
     os.close(write_end)
-    deadline = time.monotonic() + 20
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("forked child hung")
-        time.sleep(0.01)
+    code = reap_child(pid, 20, poll=0.01)
     with os.fdopen(read_end, "rb") as f:
         message = f.read().decode(errors="replace")
-    return os.waitstatus_to_exitcode(status), message
+    return code, message
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
