@@ -144,9 +144,12 @@ impl FleetConfig {
         }
     }
 
-    /// The URL with its password (or a lone user-info token) replaced by `***`.
+    /// The URL with its password (or a lone user-info token) replaced by `***`: everything
+    /// between `://` and the last `@` but the user name. A URL that does not parse as a Redis
+    /// URL is not shown at all (a placeholder with its scheme and length), as its password
+    /// cannot be told apart from the rest.
     pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+        shown_url(&self.url)
     }
 
     /// The heartbeat period in force: the configured one, else a third of `lease_ttl`.
@@ -317,49 +320,117 @@ fn check_duration(
     Ok(())
 }
 
-/// A URL split around its user-info (the text between `://` and the last `@` of the authority):
-/// `(scheme, user-info, the rest from that `@` on)`, or `None` when it has none. Slices, not
-/// offsets, so that putting the URL back together cannot cut a character in two.
+/// A URL split around its user-info: `(scheme and "://", user-info, the rest from its `@` on)`,
+/// or `None` when it has no `@`. The user-info runs to the LAST `@` of the URL, not to the
+/// first `/`, `?` or `#`: a password holding one of those (as base64 secrets do) ends a
+/// parser's authority early, and a split at that point would print the rest of it. An `@` in
+/// a query is taken for user-info too (hiding the host then: too much hidden beats a leak).
+/// Without `://` the scheme part is empty and everything before the last `@` is user-info.
+/// Slices, not offsets, so that putting the URL back together cannot cut a character in two.
 fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let (authority, _) = rest.split_once(['/', '?', '#']).unwrap_or((rest, ""));
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    // `userinfo` is a prefix of `rest`, so this is the `@` and what follows it.
-    let after = rest.get(userinfo.len()..)?;
-    Some((scheme, userinfo, after))
+    let (userinfo_and_rest, after) = match url.rsplit_once('@') {
+        Some((before, _)) => (before, url.get(before.len()..)?),
+        None => return None,
+    };
+    match userinfo_and_rest.split_once("://") {
+        // A `://` after something that is not a scheme is part of the password.
+        Some((scheme, userinfo)) if is_scheme(scheme) => {
+            // `scheme` and `://` are a prefix of `url`.
+            let scheme = url.get(..scheme.len().checked_add(3)?)?;
+            Some((scheme, userinfo, after))
+        }
+        _ => Some(("", userinfo_and_rest, after)),
+    }
 }
 
-/// The URL with its password replaced by `***`; a user-info without a colon (which some clients
-/// read as a password) is replaced whole.
+/// Whether `text` is a URL scheme (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`),
+/// and short enough to be one worth printing.
+fn is_scheme(text: &str) -> bool {
+    text.len() <= 16
+        && text.starts_with(|c: char| c.is_ascii_alphabetic())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+}
+
+/// The user-info's password: after its first `:`, or the whole user-info when it has no colon
+/// (some clients read a lone token as a password). `None` when the user name shown would not
+/// be the user name alone: a user-info spanning an `@` (a lone token, then an `@` in the
+/// password or the query) is hidden whole.
+fn split_password(userinfo: &str) -> (Option<&str>, &str) {
+    match userinfo.split_once(':') {
+        Some((user, password)) if !user.contains('@') => (Some(user), password),
+        _ => (None, userinfo),
+    }
+}
+
+/// The URL with its user-info's password replaced by `***` (see [`split_userinfo`] for where
+/// the user-info ends); a user-info without a colon, or whose user part holds an `@`, is
+/// replaced whole. Textual: it never parses, so it cannot fail; [`shown_url`] is what
+/// messages print.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, userinfo, after)) = split_userinfo(url) else {
         return url.to_owned();
     };
-    let shown = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => "***".to_owned(),
-    };
-    format!("{scheme}://{shown}{after}")
+    match split_password(userinfo) {
+        (Some(user), _) => format!("{scheme}{user}:***{after}"),
+        (None, _) => format!("{scheme}***{after}"),
+    }
 }
 
-/// The secrets a URL carries (the password as written and percent-decoded), so messages from the
-/// driver can be scrubbed of them.
+/// The URL as messages, `Debug`, `Display` and stats print it: [`redact_url`] of a URL that
+/// parses as a Redis URL; for one that does not, a placeholder that shows none of it (a URL
+/// that does not parse may hold its password anywhere: after a typo'd `@`, or with none), only
+/// its scheme when that is a plain word, and its length.
+pub(crate) fn shown_url(url: &str) -> String {
+    if redis::IntoConnectionInfo::into_connection_info(url).is_ok() {
+        return redact_url(url);
+    }
+    let scheme = url
+        .split_once("://")
+        .map(|(scheme, _)| scheme)
+        .filter(|s| is_scheme(s));
+    let length = url.chars().count();
+    match scheme {
+        Some(scheme) => format!(
+            "<a {scheme}:// URL of {length} characters, not shown: it does not parse, so a \
+             password in it could be anywhere>"
+        ),
+        None => format!(
+            "<a value of {length} characters, not shown: it does not parse as a URL, so a \
+             password in it could be anywhere>"
+        ),
+    }
+}
+
+/// The secrets a URL carries, so messages from the driver can be scrubbed of them: the
+/// password (or lone token) as [`split_userinfo`] reads it and as a URL parser reads it (the
+/// user-info ending at the first `/`, `?` or `#`), each as written and percent-decoded.
 pub(crate) fn url_secrets(url: &str) -> Vec<String> {
-    let Some((_, userinfo, _)) = split_userinfo(url) else {
-        return Vec::new();
-    };
-    let raw = match userinfo.split_once(':') {
-        Some((_, password)) => password,
-        None => userinfo,
-    };
-    let mut secrets = Vec::new();
-    if !raw.is_empty() {
-        secrets.push(raw.to_owned());
-        let decoded = percent_decode(raw);
-        if decoded != raw && !decoded.is_empty() {
-            secrets.push(decoded);
+    let mut raws = Vec::new();
+    if let Some((_, userinfo, _)) = split_userinfo(url) {
+        raws.push(split_password(userinfo).1);
+    }
+    // How the driver's parser reads it: the authority ends at the first `/`, `?` or `#`.
+    if let Some((_, rest)) = url.split_once("://") {
+        let (authority, _) = rest.split_once(['/', '?', '#']).unwrap_or((rest, ""));
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            raws.push(match userinfo.split_once(':') {
+                Some((_, password)) => password,
+                None => userinfo,
+            });
         }
     }
+    let mut secrets: Vec<String> = Vec::new();
+    for raw in raws {
+        for secret in [raw.to_owned(), percent_decode(raw)] {
+            if !secret.is_empty() && !secrets.contains(&secret) {
+                secrets.push(secret);
+            }
+        }
+    }
+    // Longest first, so that scrubbing one cannot leave a piece of a longer one.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     secrets
 }
 
@@ -389,7 +460,7 @@ fn percent_decode(text: &str) -> String {
 }
 
 fn validate_url(url: &str) -> Result<(), ConfigError> {
-    let shown = || format!("{:?}", redact_url(url));
+    let shown = || format!("{:?}", shown_url(url));
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
         return Err(ConfigError::new(
             "url",
@@ -408,7 +479,8 @@ fn validate_url(url: &str) -> Result<(), ConfigError> {
         ConfigError::new(
             "url",
             shown(),
-            "is not a valid Redis URL (redis[s]://[user:password@]host[:port][/db])",
+            "is not a valid Redis URL (redis[s]://[user:password@]host[:port][/db]; \
+             percent-encode any / ? # @ or % in the password, e.g. / as %2F)",
         )
     })?;
     match info.addr() {
@@ -510,8 +582,11 @@ mod tests {
         assert_eq!(redact_url("redis://tok3n@h:1"), "redis://***@h:1");
         assert_eq!(redact_url("redis://:pw@h"), "redis://:***@h");
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
-        // An @ in the path or query is not user-info.
-        assert_eq!(redact_url("redis://h:1/0?x=a@b"), "redis://h:1/0?x=a@b");
+        // The user-info runs to the last @, even one in the query (too much hidden beats a
+        // leak: `redis://tok?en@h` parses with host `tok`, so only the last @ is safe).
+        assert_eq!(redact_url("redis://h:1/0?x=a@b"), "redis://h:***@b");
+        assert_eq!(redact_url("redis://tok?en@h"), "redis://***@h");
+        assert_eq!(redact_url("redis://u:p@h/0?x=a@b"), "redis://u:***@b");
     }
 
     #[test]
@@ -524,8 +599,12 @@ mod tests {
         assert_eq!(redact_url("redis://€@h"), "redis://***@h");
         assert_eq!(redact_url("redis://@h"), "redis://***@h");
         assert_eq!(redact_url("redis://a:b@"), "redis://a:***@");
-        assert_eq!(redact_url("redis://a:b@c@h/x@y"), "redis://a:***@h/x@y");
-        assert_eq!(redact_url("redis:/a:b@h"), "redis:/a:b@h");
+        assert_eq!(redact_url("redis://a:b@c@h/x@y"), "redis://a:***@y");
+        // A lone token followed by an @ and a colon: the "user" would be the token.
+        assert_eq!(redact_url("redis://tok@h:1/0?a=b@c"), "redis://***@c");
+        // No `://`: everything before the last @ but a plain user name is hidden.
+        assert_eq!(redact_url("redis:/a:b@h"), "redis:***@h");
+        assert_eq!(redact_url("redis//a:b@h"), "redis//a:***@h");
         assert_eq!(url_secrets("redis://u:%@h"), vec!["%".to_owned()]);
         assert_eq!(url_secrets("redis://u:%4@h"), vec!["%4".to_owned()]);
         assert_eq!(
@@ -551,7 +630,161 @@ mod tests {
             assert_eq!(err.field, "url");
             let text = err.to_string();
             assert!(!text.contains("hunter22"), "{text}");
-            assert!(text.contains("***"), "{text}");
+            assert!(text.contains("***") || text.contains("not shown"), "{text}");
+        }
+    }
+
+    /// The report of issue 15: a base64 password's `/` ended the authority, and the URL that
+    /// failed to parse was echoed whole.
+    #[test]
+    fn a_password_holding_a_slash_is_not_echoed() {
+        let url = "redis://:Zm9v/YmFy+cXV4@127.0.0.1:6379/0";
+        let err = config(url).validate().unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.field, "url", "{text}");
+        for piece in ["Zm9v", "YmFy", "cXV4"] {
+            assert!(!text.contains(piece), "{text}");
+            assert!(!redact_url(url).contains(piece));
+            assert!(!config(url).redacted_url().contains(piece));
+        }
+        assert!(text.contains("percent-encode"), "{text}");
+        // Percent-encoded, it is valid and shown redacted.
+        let encoded = config("redis://:Zm9v%2FYmFy%2BcXV4@127.0.0.1:6379/0");
+        encoded.validate().unwrap();
+        assert_eq!(encoded.redacted_url(), "redis://:***@127.0.0.1:6379/0");
+        assert!(url_secrets(&encoded.url).contains(&"Zm9v/YmFy+cXV4".to_owned()));
+    }
+
+    /// A URL that does not parse is never echoed, even redacted: with no `@` (or a typo'd
+    /// one) its password cannot be told apart from the rest.
+    #[test]
+    fn a_url_that_does_not_parse_is_not_shown() {
+        for url in [
+            "redis://admin:hunter22",
+            "redis:/admin:hunter22@h",
+            "http://admin:hunter22@h:1",
+            "redis://admin:hunter22@",
+            "hunter22",
+        ] {
+            let shown = config(url).redacted_url();
+            assert!(!shown.contains("hunter22"), "{shown}");
+            assert!(shown.contains("not shown"), "{shown}");
+            let text = config(url).validate().unwrap_err().to_string();
+            assert!(!text.contains("hunter22"), "{text}");
+        }
+        assert!(config("http://a:b@h").redacted_url().contains("http://"));
+        // Not a plain word: the scheme is not shown either.
+        assert!(!config("hun ter22://x").redacted_url().contains("ter22"));
+    }
+
+    /// A tiny deterministic generator (xorshift64*): the crate has no proptest.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Percent-encodes every byte but unreserved ones, as a careful user writes a password.
+    fn percent_encode(text: &str) -> String {
+        text.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    char::from(b).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    /// Passwords of the URL alphabet (every delimiter, escapes, a few non-ASCII characters),
+    /// with a `Q` (absent from everything else a message holds) at least every four
+    /// characters: a message without a `Q` shows no four characters of the password.
+    #[test]
+    fn no_password_is_ever_shown_whatever_it_holds() {
+        const ALPHABET: &[&str] = &[
+            "/", "?", "#", "@", ":", "%", "%2F", "%40", "%3", "%%", "+", "=", "a", "b", "z", "0",
+            "9", ".", "-", "_", "~", "!", "$", "&", "'", "(", ")", "*", ",", ";", "[", "]", " ",
+            "é", "€", "//", "://", "@@", "\\",
+        ];
+        let shapes: &[fn(&str) -> String] = &[
+            |pw| format!("redis://admin:{pw}@127.0.0.1:6379/0"),
+            |pw| format!("rediss://admin:{pw}@127.0.0.1:6380"),
+            |pw| format!("redis://:{pw}@127.0.0.1"),
+            |pw| format!("redis://admin:{pw}@127.0.0.1:6379/0?protocol=resp3"),
+            |pw| format!("redis://admin:{pw}@127.0.0.1:6379/0#insecure"),
+            // No host: with an @ in the password, what follows it would be the host.
+            |pw| format!("redis://admin:{}", pw.replace('@', "")),
+            |pw| format!("redis:/admin:{pw}@127.0.0.1"),
+            |pw| format!("http://admin:{pw}@127.0.0.1"),
+            |pw| format!("redis://admin:{pw}@"),
+            |pw| format!("redis://admin:{pw}@127.0.0.1@other"),
+        ];
+        let mut rng = Rng(0x5EED_0F15_5EC2_E750);
+        for round in 0..1000 {
+            let mut password = String::from("Q");
+            for _ in 0..rng.below(12) {
+                for _ in 0..rng.below(4) {
+                    password.push_str(ALPHABET[rng.below(ALPHABET.len())]);
+                }
+                password.push('Q');
+            }
+            let lone_token = password.replace(':', "");
+            let mut urls: Vec<String> = shapes.iter().map(|shape| shape(&password)).collect();
+            urls.push(format!("redis://{lone_token}@127.0.0.1:6379"));
+            urls.push(format!(
+                "redis://admin:{}@127.0.0.1/1",
+                percent_encode(&password)
+            ));
+            urls.push(format!(
+                "redis://{}@127.0.0.1/1",
+                percent_encode(&lone_token)
+            ));
+            for url in urls {
+                let c = config(&url);
+                let mut shown = vec![c.redacted_url(), format!("{c:?}"), format!("{c}")];
+                // Textual redaction alone hides what precedes an @ (with none, only the
+                // parse check in `redacted_url` keeps the password out).
+                if url.rfind('@') > url.rfind('Q') {
+                    shown.push(redact_url(&url));
+                }
+                if let Err(err) = c.validate() {
+                    shown.push(err.to_string());
+                    shown.push(err.value);
+                }
+                for text in shown {
+                    assert!(
+                        !text.contains('Q'),
+                        "round {round}: {url:?} shown as {text:?}"
+                    );
+                }
+                // What the driver takes for the password is among the secrets scrubbed from
+                // its messages.
+                if let Ok(info) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+                    let settings = info.redis_settings();
+                    let secrets = url_secrets(&url);
+                    for known in [settings.password(), settings.username()]
+                        .into_iter()
+                        .flatten()
+                    {
+                        if known.contains('Q') {
+                            assert!(
+                                secrets.iter().any(|s| s == known),
+                                "round {round}: {url:?}: {known:?} not in {secrets:?}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 
