@@ -1,0 +1,54 @@
+"""An A2A client that honours the gate's retry hint, against the server of a2a_http_server.py,
+which it starts in-process on a free port on 127.0.0.1 and stops at the end."""
+
+import asyncio
+import socket
+
+import httpx
+import uvicorn
+from a2a.client import ClientConfig, create_client
+from a2a.helpers.proto_helpers import new_text_message
+from a2a.types import Role, SendMessageRequest
+
+import admitgate
+from a2a_http_server import build_app
+from admitgate.client import RetryingTransport
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def main() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # A gate of one slot and no queue, so most of this burst is refused and retried.
+    gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=0)
+    assert gate is not None
+    config = uvicorn.Config(build_app(url, gate), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        # RetryingTransport waits out a 429/503's Retry-After, then sends again.
+        async with httpx.AsyncClient(transport=RetryingTransport(), timeout=60) as http:
+            client = await create_client(url, client_config=ClientConfig(httpx_client=http))
+
+            async def ask(text: str) -> str:
+                request = SendMessageRequest(message=new_text_message(text, role=Role.ROLE_USER))
+                async for event in client.send_message(request):
+                    return event.message.parts[0].text
+                return ""
+
+            print(await asyncio.gather(*(ask(f"hello {i}") for i in range(2))))
+        print("refused at the door, then retried:", gate.rejected, "times")
+    finally:
+        server.should_exit = True
+        await serving
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,196 @@
+"""Every example in examples/ runs as written and prints what its page says it prints.
+
+The examples are the files the documentation includes (``--8<-- "examples/NAME.py"``), so an
+example that stops working fails here, and one that no page shows fails too. The one-shot
+examples start together in subprocesses (they spend most of their time sleeping or waiting on
+a server), each test then reads its own; the servers are started on a free loopback port,
+checked to answer, and stopped with Ctrl-C (SIGINT), as a person would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DOCS = ROOT / "docs"
+
+#: Each one-shot example and lines (regular expressions) its output must contain.
+ONE_SHOT: dict[str, list[str]] = {
+    "quickstart.py": [r"^echo: hi 0$", r"reason=queue_full\)$", r"'admitted': 8, 'rejected': 4"],
+    "gate_policies.py": [
+        r"^while the burst runs: \{'in_flight': 4, 'queued': 36\}",
+        r"'admitted': 43, 'rejected': 0",
+    ],
+    "operating.py": [
+        r"^  tenant-\d: you are #1 in line",
+        r"^after reconfigure: 4 in flight, 2 queued$",
+        r"^sync turn: echo: from a thread$",
+        r"^drain: DrainReport\(finished=1, still_running=0, queued_rejected=0\)$",
+        r"^after close: echo: last / refused: closing$",
+    ],
+    "a2a_http_client.py": [
+        r"^\['echo: hello 0', 'echo: hello 1'\]$",
+        r"^refused at the door, then retried: [1-9]\d* times$",
+    ],
+    "grpc_client.py": [
+        r"^\['echo: hello', 'echo: again'\]$",
+        r"^refused, then retried after the pushback: [1-9]\d* times$",
+    ],
+    "metrics.py": [
+        r'^broker_admitted_total\{gate="chat",transport="direct"\} 30\.0$',
+        r'^broker_rejected_total\{gate="a2a",reason="queue_full",transport="direct"\} 2\.0$',
+        r'^broker_limit\{gate="a2a"\} 4\.0$',
+    ],
+    "fleet.py": [
+        r"^20 turns on two replicas, at most 3 at once \(fleet cap 3\)$",
+        r"'fleet_backend_up': 1",
+    ],
+    "botos.py": [
+        r"^BotOS's gate: admitgate AdmissionGate$",
+        r"'alice': \{'in_flight': 2, 'queued': 3\}",
+        r"'admitted': 6, 'rejected': 0",
+    ],
+    "check_config.py": [
+        r"^ceiling 32 soft RSS 921\.6 MiB$",
+        r"^queue_depth from override$",
+        r"^refused: max_concurrent_runs -1$",
+    ],
+}
+
+#: The servers: how to tell each is up once it listens on $ADMITGATE_EXAMPLE_PORT.
+SERVERS = {
+    "a2a_http_server.py": "http",
+    "grpc_server.py": "grpc",
+}
+
+ONE_SHOT_TIMEOUT_S = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def example_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADMITGATE_EXAMPLE")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def start(name: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / name)],
+        cwd=ROOT,
+        env=example_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def one_shot_runs(redis_server: Any) -> Any:
+    """Every one-shot example, started at once; yields name -> (returncode, stdout, stderr)."""
+    redis_url = redis_server.url.rsplit("/", 1)[0] + "/15"  # a database the fleet tests leave be
+    running = {name: start(name, ADMITGATE_REDIS_URL=redis_url) for name in ONE_SHOT}
+    results: dict[str, tuple[int | None, str, str]] = {}
+    deadline = time.monotonic() + ONE_SHOT_TIMEOUT_S
+    try:
+        for name, process in running.items():
+            try:
+                out, err = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                err += f"\n(killed after {ONE_SHOT_TIMEOUT_S} s)"
+            results[name] = (process.returncode, out, err)
+        yield results
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_every_example_is_run_here_and_shown_in_the_docs():
+    files = {p.name for p in EXAMPLES.glob("*.py")}
+    assert files == set(ONE_SHOT) | set(SERVERS)
+    included = set()
+    for page in DOCS.glob("*.md"):
+        included |= set(re.findall(r'--8<-- "examples/([\w.]+)"', page.read_text()))
+    missing = files - included - {"quickstart.py"}  # the README's, checked below
+    assert not missing, f"examples no docs page includes: {sorted(missing)}"
+
+
+def test_the_readme_example_is_the_quickstart_file_verbatim():
+    # GitHub renders no include, so the README carries a copy; it must not drift.
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL)
+    assert (EXAMPLES / "quickstart.py").read_text() in blocks
+
+
+@pytest.mark.parametrize("name", ONE_SHOT)
+def test_example_runs_as_written(one_shot_runs, name):
+    returncode, out, err = one_shot_runs[name]
+    assert returncode == 0, f"{name} exited {returncode}\nstdout:\n{out}\nstderr:\n{err}"
+    assert "Traceback" not in err and "Warning" not in err, err
+    for expected in ONE_SHOT[name]:
+        assert re.search(expected, out, re.MULTILINE), f"{name}: no {expected!r} in\n{out}"
+
+
+def _http_up(port: int) -> bool:
+    url = f"http://127.0.0.1:{port}/.well-known/agent-card.json"
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200 and b'"echo"' in response.read()
+    except OSError:
+        return False
+
+
+def _grpc_up(port: int) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_server_example_serves_on_loopback_and_stops_on_ctrl_c(name):
+    port = free_port()
+    process = start(name, ADMITGATE_EXAMPLE_PORT=str(port))
+    try:
+        up = _http_up if SERVERS[name] == "http" else _grpc_up
+        deadline = time.monotonic() + 15
+        while not up(port):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"{name} did not answer on port {port}"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, f"{name} exited {process.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err, err
