@@ -16,15 +16,17 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from email.utils import formatdate
+from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import httpx
 import pytest
 from _a2a_app import ServerThread
-from admitgate.client import RetryingTransport, is_admission_refusal
+from admitgate.client import RetryingTransport, _retry_after, is_admission_refusal
 from conftest import run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 RPC_REFUSAL = {
     "jsonrpc": "2.0",
@@ -278,3 +280,113 @@ def test_arguments_are_validated() -> None:
         await RetryingTransport(httpx.AsyncHTTPTransport()).aclose()
 
     run(close())
+
+
+# -- Retry-After from a hostile server -----------------------------------------------------
+
+
+def test_an_unusable_retry_after_returns_the_refusal(server: ServerThread) -> None:
+    """Issue 15: ``"²".isdigit()`` is true and ``float("²")`` raises; the transport crashed.
+    A hint that is not ASCII digits or an HTTP date is no hint: the refusal comes back."""
+
+    async def main() -> None:
+        for hint in ("²", "٣", "1e999", "-1", "9" * 5000, "Fri, 31 Dec 99999 23:59:59 GMT"):
+            t = transport()
+            response = await call(t, "GET", url(server, refuse=1, ra=quote(hint)))
+            assert response.status_code == 429 and t.retries == 0, hint
+            assert response.json() == {"plain": True}
+
+    run(main(), timeout=10)
+
+
+_HEADER_TEXT = st.text(
+    st.characters(codec="latin-1", exclude_characters="\r\n\x00"), max_size=40
+) | st.sampled_from(
+    [
+        "²",
+        "١٢",
+        "٣",
+        "𝟗",
+        "1e999",
+        "1E3",
+        "inf",
+        "nan",
+        "-0",
+        "-1",
+        "+5",
+        "0x10",
+        "1_000",
+        "1.5",
+        " 7 ",
+        "\t3\t",
+        "9" * 5000,
+        "9" * 400,
+        "",
+        " ",
+        "Thu, 01 Jan 1970 00:00:00 GMT",
+        "Mon, 01 Jan 0001 00:00:00 GMT",
+        "Fri, 31 Dec 9999 23:59:59 GMT",
+        "Fri, 31 Dec 10000 23:59:59 GMT",
+        "Fri, 31 Dec 99999999999999999999 23:59:59 GMT",
+        "Fri, 31 Dec 2100 99:99:99 GMT",
+        "Sun, 06 Nov 1994 08:49:37 +99999999999",
+        "Sun, 06 Nov 1994 08:49:37",
+        "Sunday, 06-Nov-94 08:49:37 GMT",
+        "Sun Nov  6 08:49:37 1994",
+        "Sun, 06 Nov 1994 08:49:37 GMT" + " x" * 3000,
+        ", " * 3000,
+    ]
+)
+
+
+@given(hint=_HEADER_TEXT)
+@settings(max_examples=300, deadline=None)
+def test_any_retry_after_is_parsed_quickly_or_refused(hint: str) -> None:
+    """Every header value gives a finite delay >= 0 or no hint, in well under a few ms; a
+    delay is given only for ASCII digits or an HTTP date with a time zone. Through the
+    transport, an unusable hint returns the refusal as it is."""
+    response = httpx.Response(429, headers={"retry-after": hint.encode()})
+    started = time.perf_counter()
+    delay = _retry_after(response)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 0.005, (hint[:40], elapsed)
+    stripped = response.headers["retry-after"].strip()
+    if delay is not None:
+        assert math.isfinite(delay) and delay >= 0.0
+        assert (stripped.isascii() and stripped.isdigit()) or parsedate_to_datetime(stripped)
+    if stripped.isascii() and stripped.isdigit() and len(stripped) <= 10:
+        assert delay == int(stripped)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"retry-after": hint.encode()}, content=b"no")
+
+    async def main() -> None:
+        t = RetryingTransport(httpx.MockTransport(refuse), deadline_s=0.0, max_retries=1)
+        response = await call(t, "GET", "http://127.0.0.1:9/x")
+        assert response.status_code == 429 and t.retries == 0
+        assert response.content == b"no"
+
+    run(main())
+
+
+def test_a_hostile_content_length_is_not_read() -> None:
+    """A refusal of a POST with a Content-Length of unicode or huge digits is returned as it
+    is (its body is not inspected), not raised."""
+
+    def refuse_with(length: str) -> Any:
+        def refuse(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(
+                429,
+                headers={"retry-after": "0", "content-length": length.encode()},
+                content=json.dumps(RPC_REFUSAL).encode(),
+            )
+
+        return refuse
+
+    async def main() -> None:
+        for length in ("²", "٣", "9" * 5000):
+            t = transport(wrapped=httpx.MockTransport(refuse_with(length)))
+            response = await call(t, "POST", "http://127.0.0.1:9/x", content=b"{}")
+            assert response.status_code == 429 and t.retries == 0, length
+
+    run(main())

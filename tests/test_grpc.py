@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,12 +40,15 @@ from admitgate.grpc import (
     AdmissionInterceptor,
     RetryPushbackInterceptor,
     RetryPushbackStreamInterceptor,
+    _pushback,
     retry_pushback_interceptors,
     session_from_metadata,
 )
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # -- servers -------------------------------------------------------------------------------
 
@@ -799,6 +803,27 @@ def test_busy_without_admitgate_reason_is_not_retried(servers: Servers, run: Any
             assert s.server.busy_calls == before + 1
 
     run(scenario())
+
+
+@given(
+    hint=st.text(max_size=30)
+    | st.from_regex(r"\A[0-9]{1,6000}\Z")
+    | st.sampled_from(["²", "٣", "9" * 400, "9" * 5000, "-1", "+5", "1e3", " 5", ""])
+)
+@settings(max_examples=200, deadline=None)
+def test_any_pushback_is_parsed_quickly_or_refused(hint: str) -> None:
+    """Every trailer value gives a finite delay >= 0 or none, within a few ms: a delay only
+    for ASCII digits. ("²".isdigit() is true and int("²") raises; 400 digits overflow a
+    float, 5000 break int(). grpc-core itself re-serialises this trailer as an int64, so over
+    its wire such values arrive normalised; another stack's trailers may not be.)"""
+    trailers = (("admitgate-reason", "queue_full"), (PUSHBACK_TRAILER, hint))
+    for raw in (trailers, ((k, v.encode("utf-8", "surrogatepass")) for k, v in trailers)):
+        started = time.perf_counter()
+        delay = _pushback(grpc.StatusCode.RESOURCE_EXHAUSTED, raw)
+        assert time.perf_counter() - started < 0.005
+        if delay is not None:
+            assert math.isfinite(delay) and delay >= 0.0
+            assert hint.isascii() and hint.isdigit()
 
 
 # -- validation ----------------------------------------------------------------------------

@@ -11,8 +11,9 @@ asked for::
     http = httpx.AsyncClient(transport=RetryingTransport(), timeout=30)
     client = await create_client(url, client_config=ClientConfig(httpx_client=http))
 
-A 429 or 503 is retried only when it says when (``Retry-After``, in seconds or as an HTTP
-date; a refusal without a hint is returned as is), when its body can be sent again (no body,
+A 429 or 503 is retried only when it says when (``Retry-After``, in ASCII digits of seconds
+or as an HTTP date with a zone; a refusal without a usable hint, such as ``"²"``, ``"1e3"``,
+``"-1"`` or a date out of range, is returned as is), when its body can be sent again (no body,
 or bytes: not a streaming upload), and when sending the request again is safe:
 
 - its method is idempotent (``GET``, ``HEAD``, ``OPTIONS``, ``PUT``, ``DELETE``, ``TRACE``);
@@ -54,6 +55,8 @@ logger = logging.getLogger("admitgate")
 _RETRY_STATUSES: Final = frozenset({429, 503})
 _IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 _MAX_INSPECTED_BODY: Final = 16 * 1024
+# No valid Retry-After is longer (an HTTP date is 29 characters): a longer one is not parsed.
+_MAX_RETRY_AFTER_CHARS: Final = 64
 
 
 def _number(name: str, value: object, *, low: float, high: float = math.inf) -> float:
@@ -68,21 +71,39 @@ def _number(name: str, value: object, *, low: float, high: float = math.inf) -> 
     return float(value)
 
 
+def _ascii_digits(text: str, max_digits: int) -> int | None:
+    """``text`` as a whole number if it is 1 to ``max_digits`` ASCII digits, else None.
+
+    ``str.isdigit`` alone accepts ``"²"`` and ``"٣"`` (which ``int`` and ``float`` refuse or
+    read differently), and ``int`` refuses more than 4300 digits; both come from the server.
+    """
+    if not (0 < len(text) <= max_digits and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def _retry_after(response: httpx.Response) -> float | None:
-    """Seconds from the ``Retry-After`` header (delta-seconds or HTTP date), if usable."""
+    """Seconds from the ``Retry-After`` header (delta-seconds or HTTP date), if usable.
+
+    Anything else (unicode digits, signs, exponents, huge numbers, dates without a zone or
+    out of range, a value longer than any valid one) is no hint: ``None``. Bounded work for
+    any header: a longer value is refused before it is parsed.
+    """
     value = response.headers.get("retry-after")
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if len(value) > _MAX_RETRY_AFTER_CHARS:
+        return None
+    seconds = _ascii_digits(value, _MAX_RETRY_AFTER_CHARS)
+    if seconds is not None:
+        return float(seconds)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        delay = when.timestamp() - time.time() if when.tzinfo is not None else None
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    return None if delay is None or not math.isfinite(delay) else max(0.0, delay)
 
 
 def is_admission_refusal(payload: Any) -> bool:
@@ -205,8 +226,8 @@ class RetryingTransport(httpx.AsyncBaseTransport):
         request: httpx.Request, response: httpx.Response
     ) -> tuple[httpx.Response, bool]:
         """Read a small refusal body; returns a readable copy and whether admitgate sent it."""
-        length = response.headers.get("content-length", "")
-        if not length.isdigit() or int(length) > _MAX_INSPECTED_BODY:
+        length = _ascii_digits(response.headers.get("content-length", ""), 9)
+        if length is None or length > _MAX_INSPECTED_BODY:
             return response, False
         try:
             raw = b"".join([chunk async for chunk in response.aiter_raw()])

@@ -103,6 +103,9 @@ _REFUSAL_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.
 
 SessionId = Callable[[grpc.HandlerCallDetails], object]
 
+# The longest grpc-retry-pushback-ms value read as a delay (10^12 ms is 31 years).
+_MAX_PUSHBACK_DIGITS = 12
+
 # Wrapped handlers are kept for this many distinct methods (a server serves a fixed set).
 _MAX_CACHED_METHODS = 1024
 
@@ -615,8 +618,15 @@ def _pushback(code: grpc.StatusCode, trailers: Iterable[Any] | None) -> float | 
     raw = found.get(PUSHBACK_TRAILER)
     if isinstance(raw, bytes):
         raw = raw.decode("ascii", "replace")
-    if not isinstance(raw, str) or not raw.isdigit():
-        return None  # absent, negative or unparseable: the server asks not to retry (A6)
+    # Absent, negative or unparseable: the server asks not to retry (A6). ``str.isdigit``
+    # alone takes "²" (which int() refuses); more than 12 digits (31 years) is no sane hint,
+    # and a few hundred would overflow a float.
+    if (
+        not isinstance(raw, str)
+        or not 0 < len(raw) <= _MAX_PUSHBACK_DIGITS
+        or not (raw.isascii() and raw.isdigit())
+    ):
+        return None
     return int(raw) / 1000.0
 
 
