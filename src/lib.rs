@@ -25,5 +25,6 @@
 
 pub mod core;
 
+pub mod overload;
 #[cfg(feature = "python")]
 mod python;
