@@ -14,23 +14,26 @@
 //!
 //! Time is cut into windows of one smoothed round trip (successful calls only). In each:
 //!
-//! * **A 429** sets the ceiling to `min(in_flight - 1, ceiling - 1)` at once, not at the
-//!   window's end: the capacity it measured, and at least one below the ceiling that was
-//!   refused. Refusals of calls that started before the last decrease only cap it at their
-//!   own measurement (one decrease per round trip, as TCP reduces once per window), so a
-//!   burst of refusals after an overshoot does not ratchet the ceiling to the floor.
-//!   A `Retry-After` also holds every increase until it has passed.
+//! * **A 429** sets the ceiling to `min(in_flight - 1, ceiling)` at once, not at the
+//!   window's end: the capacity it measured. A call started at the ceiling that is refused
+//!   takes one off (the capacity fell below the ceiling); a burst of refusals after an
+//!   overshoot settles on the smallest measurement, never below it (refused calls still
+//!   holding their slots count among the others, so they only ever measure higher), so it
+//!   does not ratchet the ceiling to the floor. A `Retry-After` also holds every increase
+//!   until it has passed.
 //! * **Latency inflation** (the window's mean round trip above [`INFLATION`] times the
 //!   long-run baseline, over at least [`MIN_WINDOW_SAMPLES`] calls) takes a tenth off: a
 //!   provider that queues internally instead of refusing.
 //! * **Growth** happens only in a window where the ceiling was reached (a turn started at it,
 //!   or turns waited): while nothing was ever refused, the ceiling doubles each window (slow
 //!   start: a capacity it was not told is found in `log2(capacity)` round trips). After the
-//!   first 429 it holds, and probes: after `probe_every` quiet windows it tries one more; a
-//!   probe that is not refused doubles its step next window (+1, +2, +4, ...: a capacity
-//!   that grew is reached in `log2(growth)` round trips), and a refused one doubles the wait
-//!   before the next probe, up to [`PROBE_MAX_WINDOWS`], so a capacity that stays put costs
-//!   one 429 per [`PROBE_MAX_WINDOWS`] round trips.
+//!   first 429 it holds, and probes: once `probe_every` calls have started at the ceiling
+//!   since the last change it tries one more; a probe that is not refused doubles its step
+//!   next window (+1, +2, +4, ...: a capacity that grew is reached in `log2(growth)` round
+//!   trips), and a refused one doubles the spacing before the next probe, up to
+//!   [`PROBE_MAX_CALLS`]. Spacing counted in calls, not windows, bounds what probing costs
+//!   as a fraction of calls whatever the capacity: a capacity that stays put costs one 429
+//!   per [`PROBE_MAX_CALLS`] calls (1.6%), and one that grew is noticed within that many.
 //! * With `x-ratelimit-remaining-requests` reported as 0, it does not grow.
 
 use std::time::Duration;
@@ -43,14 +46,16 @@ pub const INFLATION: f64 = 2.0;
 pub const MIN_WINDOW_SAMPLES: u64 = 4;
 /// What inflation keeps of the ceiling.
 pub const INFLATION_BACKOFF: f64 = 0.9;
-/// Quiet windows before the first probe, and after a probe succeeded.
-pub const PROBE_BASE_WINDOWS: u32 = 4;
-/// The most quiet windows between probes (each failed probe doubles the wait up to this).
-pub const PROBE_MAX_WINDOWS: u32 = 32;
+/// Calls started at the ceiling before the first probe, and after a probe succeeded.
+pub const PROBE_BASE_CALLS: u64 = 16;
+/// The most calls between probes (each refused probe doubles the spacing up to this).
+pub const PROBE_MAX_CALLS: u64 = 64;
 /// The weight of one call in the round-trip average that sizes the window.
 const RTT_WEIGHT: f64 = 1.0 / 8.0;
-/// The weight of one call in the long-run baseline inflation is measured against.
-const BASELINE_WEIGHT: f64 = 1.0 / 128.0;
+/// The weight of one window's mean in the long-run baseline inflation is measured against:
+/// per window, not per call, so a busy gate's baseline does not follow an inflation within
+/// a round trip or two.
+const BASELINE_WEIGHT: f64 = 1.0 / 32.0;
 
 /// The knobs of [`CapacitySearch`]; none should need changing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,12 +108,12 @@ pub struct CapacitySearch {
     window: Window,
     rtt_s: Option<f64>,
     baseline_s: Option<f64>,
-    last_decrease: Option<Duration>,
     hold_until: Duration,
     /// The provider reported no requests left.
     exhausted: bool,
-    quiet_windows: u32,
-    probe_every: u32,
+    /// Calls started at the ceiling since it last changed.
+    quiet_calls: u64,
+    probe_every: u64,
     /// The increase of the current probe (0: not probing).
     step: u64,
 }
@@ -130,11 +135,10 @@ impl CapacitySearch {
             window: Window::default(),
             rtt_s: None,
             baseline_s: None,
-            last_decrease: None,
             hold_until: Duration::ZERO,
             exhausted: false,
-            quiet_windows: 0,
-            probe_every: PROBE_BASE_WINDOWS,
+            quiet_calls: 0,
+            probe_every: PROBE_BASE_CALLS,
             step: 0,
         }
     }
@@ -164,21 +168,23 @@ impl CapacitySearch {
                 ..Window::default()
             },
         );
+        let mean = (window.samples >= MIN_WINDOW_SAMPLES)
+            .then(|| window.rtt_sum_s / window.samples as f64);
+        let baseline = self.baseline_s;
+        if let Some(mean) = mean {
+            self.baseline_s = Some(baseline.map_or(mean, |b| b + BASELINE_WEIGHT * (mean - b)));
+        }
         if window.throttled {
             return;
         }
-        if let Some(baseline) = self.baseline_s {
-            if window.samples >= MIN_WINDOW_SAMPLES {
-                let mean = window.rtt_sum_s / window.samples as f64;
-                if mean > INFLATION * baseline {
-                    let lowered = to_count(self.limit as f64 * INFLATION_BACKOFF);
-                    self.set_limit(lowered.min(self.limit.saturating_sub(1)));
-                    self.last_decrease = Some(now);
-                    self.phase = Phase::Probing;
-                    self.step = 0;
-                    self.quiet_windows = 0;
-                    return;
-                }
+        if let (Some(baseline), Some(mean)) = (baseline, mean) {
+            if mean > INFLATION * baseline {
+                let lowered = to_count(self.limit as f64 * INFLATION_BACKOFF);
+                self.set_limit(lowered.min(self.limit.saturating_sub(1)));
+                self.phase = Phase::Probing;
+                self.step = 0;
+                self.quiet_calls = 0;
+                return;
             }
         }
         if !window.reached || now < self.hold_until || self.exhausted {
@@ -190,14 +196,13 @@ impl CapacitySearch {
             Phase::SlowStart => self.set_limit(self.limit.saturating_mul(2)),
             Phase::Probing if self.step > 0 => {
                 // The last probe was not refused: grow faster.
-                self.probe_every = PROBE_BASE_WINDOWS;
+                self.probe_every = PROBE_BASE_CALLS;
                 self.step = self.step.saturating_mul(2);
                 self.set_limit(self.limit.saturating_add(self.step));
             }
             Phase::Probing => {
-                self.quiet_windows = self.quiet_windows.saturating_add(1);
-                if self.quiet_windows >= self.probe_every {
-                    self.quiet_windows = 0;
+                if self.quiet_calls >= self.probe_every {
+                    self.quiet_calls = 0;
                     self.step = 1;
                     self.set_limit(self.limit.saturating_add(1));
                 }
@@ -207,20 +212,13 @@ impl CapacitySearch {
 
     fn throttled(&mut self, sample: &Sample, retry_after: Option<Duration>) {
         let others = sample.in_flight.saturating_sub(1);
-        let fresh = self.last_decrease.is_none_or(|at| sample.started_at >= at);
-        let lowered = if fresh {
-            self.last_decrease = Some(sample.ended_at);
-            others.min(self.limit.saturating_sub(1))
-        } else {
-            others.min(self.limit)
-        };
-        self.set_limit(lowered);
+        self.set_limit(others.min(self.limit));
         if self.step > 0 {
             // A refused probe: wait longer before the next.
-            self.probe_every = self.probe_every.saturating_mul(2).min(PROBE_MAX_WINDOWS);
+            self.probe_every = self.probe_every.saturating_mul(2).min(PROBE_MAX_CALLS);
         }
         self.step = 0;
-        self.quiet_windows = 0;
+        self.quiet_calls = 0;
         self.phase = Phase::Probing;
         self.window.throttled = true;
         if let Some(pause) = retry_after {
@@ -233,10 +231,6 @@ impl CapacitySearch {
         self.rtt_s = Some(
             self.rtt_s
                 .map_or(rtt, |mean| mean + RTT_WEIGHT * (rtt - mean)),
-        );
-        self.baseline_s = Some(
-            self.baseline_s
-                .map_or(rtt, |mean| mean + BASELINE_WEIGHT * (rtt - mean)),
         );
         self.window.rtt_sum_s += rtt;
         self.window.samples = self.window.samples.saturating_add(1);
@@ -256,6 +250,7 @@ impl LimitController for CapacitySearch {
         self.roll(now);
         if in_flight >= self.limit || queued > 0 {
             self.window.reached = true;
+            self.quiet_calls = self.quiet_calls.saturating_add(1);
         }
     }
 
@@ -296,7 +291,9 @@ mod tests {
     /// One window of 50 ms at the ceiling, every call served.
     fn busy_window(limit: &mut CapacitySearch, t: u64) {
         let now = limit.limit();
-        limit.on_start(ms(t), now, 5);
+        for _ in 0..now {
+            limit.on_start(ms(t), now, 5);
+        }
         limit.on_sample(sample(t, t + 50, now, OK));
     }
 
@@ -338,7 +335,7 @@ mod tests {
             limit.on_sample(sample(0, 1, in_flight, REFUSED));
         }
         assert_eq!(limit.limit(), 8);
-        // A refusal of a call that started after the decrease lowers it by one.
+        // A call started at the ceiling and refused: the capacity fell, one off.
         limit.on_sample(sample(5, 6, 8, REFUSED));
         assert_eq!(limit.limit(), 7);
     }

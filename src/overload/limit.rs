@@ -27,8 +27,9 @@ pub struct Sample {
     pub started_at: Duration,
     /// When it ended.
     pub ended_at: Duration,
-    /// Turns holding a slot when it started, itself included: a call refused at once by a
-    /// provider that admits `c` concurrent calls had `in_flight - 1 >= c` others running.
+    /// Turns running when it started, itself included (turns that had started and not
+    /// ended, not slots granted to turns yet to start): a call refused at once by a provider
+    /// that admits `c` concurrent calls had `in_flight - 1 >= c` others running.
     pub in_flight: u64,
     /// How it ended.
     pub outcome: Outcome,

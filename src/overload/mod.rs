@@ -20,7 +20,7 @@ pub mod discipline;
 pub mod gradient;
 pub mod limit;
 pub mod service_time;
-// pub mod sim;
+pub mod sim;
 
 pub use aimd::Aimd;
 pub use capacity::{CapacitySearch, CapacitySearchConfig};
