@@ -129,6 +129,9 @@ pub struct Wait {
     /// A fleet lease follows the slot (`LeaseWait` drives this wait): the turn stays queued
     /// for its transport until the lease settles it.
     lease_follows: bool,
+    /// The gate's epoch when the turn queued (see [`Core::epoch`]): a wait of the parent of
+    /// a fork that ends in the child leaves the child's counters alone.
+    epoch: u64,
     state: Mutex<WaitState>,
 }
 
@@ -164,6 +167,7 @@ impl Wait {
     ) -> Self {
         Self {
             admission,
+            epoch: core.epoch(),
             core,
             key,
             transport,
@@ -193,7 +197,7 @@ impl Wait {
         if let Some(timer) = timer {
             let _ = timer.bind(py).call_method0(pyo3::intern!(py, "cancel"));
         }
-        if !(admitted && self.lease_follows) {
+        if !(admitted && self.lease_follows) && self.epoch == self.core.epoch() {
             self.core.transports.dequeued(self.transport, admitted);
         }
         true

@@ -30,6 +30,9 @@ pub struct BlockingWait {
     signal: Arc<ThreadSignal>,
     /// A fleet lease follows the slot: the turn stays queued for its transport until then.
     lease_follows: bool,
+    /// The gate's epoch when the turn queued (threads do not survive a fork, but the wait's
+    /// owner might be dropped in the child: it leaves the child's counters alone).
+    epoch: u64,
     done: bool,
 }
 
@@ -42,6 +45,7 @@ impl BlockingWait {
         lease_follows: bool,
     ) -> Self {
         Self {
+            epoch: core.epoch(),
             core,
             key,
             transport,
@@ -53,7 +57,7 @@ impl BlockingWait {
 
     fn finish(&mut self, admitted: bool) {
         self.done = true;
-        if !(admitted && self.lease_follows) {
+        if !(admitted && self.lease_follows) && self.epoch == self.core.epoch() {
             self.core.transports.dequeued(self.transport, admitted);
         }
     }

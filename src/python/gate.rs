@@ -503,7 +503,10 @@ impl PyAdmissionGate {
                 .store(limits.max_concurrent_runs, Ordering::Relaxed);
             self.per_scope
                 .store(limits.max_per_scope, Ordering::Relaxed);
-            let (refused, wakes) = self.core.reconfigure(limits);
+            // The pressure under the new configuration: eased, or memory-aware admission
+            // turned off, starts the waiters it held back at once.
+            let resource = self.resources.decision(py);
+            let (refused, wakes) = self.core.reconfigure(limits, Some(resource));
             wakes.run();
             Ok(refused)
         })
@@ -529,9 +532,14 @@ impl PyAdmissionGate {
     fn _begin_close(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
         guard(|| {
             let refused = self.core.begin_close(py);
-            // Turns holding a slot while they wait for a fleet lease are waiting too.
+            // Turns holding a slot while they wait for a fleet lease are waiting too: they
+            // are refused with `closing`, not waited for.
             self.lease_waits.refuse_all(py, Rejection::Closing);
-            Ok((self.core.running().0, refused))
+            let (running, leasing) = self.core.running_and_unconfirmed();
+            Ok((
+                running.saturating_sub(leasing),
+                refused.saturating_add(leasing),
+            ))
         })
     }
 
