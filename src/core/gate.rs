@@ -1045,6 +1045,18 @@ impl<W> GateState<W> {
         self.pressure != Decision::Admit && !self.ready.is_empty() && self.global_slot_free()
     }
 
+    /// The waker of the oldest waiter that registered one, if any: the binding re-samples
+    /// memory pressure on that waiter's event loop when no other is at hand. Usually the
+    /// queue's head; the walk past waiters that have not registered yet stops after 64, so
+    /// the lock is held for O(1).
+    pub fn oldest_waker(&self) -> Option<&W> {
+        self.queue.iter_all().take(64).find_map(|index| {
+            self.queue
+                .get(index)
+                .and_then(|record| record.waker.as_ref())
+        })
+    }
+
     /// A parked turn ends without resuming.
     pub fn end_suspended(&mut self) {
         decrement(&mut self.awaiting_human, "awaiting_human");

@@ -137,6 +137,11 @@ impl Admission {
         }
     }
 
+    /// The gate the turn passes.
+    pub fn gate(&self) -> &Py<PyAdmissionGate> {
+        &self.gate
+    }
+
     /// The waiting turn's key, while it waits.
     fn queued_key(&self) -> Option<WaiterKey> {
         match *self.state.lock() {
@@ -462,7 +467,13 @@ impl Admission {
             Arrived::Running => this.deadline(),
             Arrived::Queued(key, deadline) => {
                 let core = this.gate.get().core.clone();
-                let mut wait = BlockingWait::new(core, key, this.transport, fleet.is_some());
+                let mut wait = BlockingWait::new(
+                    core,
+                    this.gate.clone_ref(py),
+                    key,
+                    this.transport,
+                    fleet.is_some(),
+                );
                 if let Err(err) = Self::announce_queued(slf, key) {
                     wait.withdraw(py);
                     this.abandon();

@@ -20,6 +20,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::admission::Admission;
 use super::errors::guard;
+use super::pressure_watch;
 use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
@@ -287,9 +288,13 @@ impl Wait {
         });
         let (registered, _) = self.core.register(self.key, waker);
         if registered == Registered::Waiting {
-            let mut state = self.state.lock();
-            state.parked = true;
-            state.timer = timer;
+            {
+                let mut state = self.state.lock();
+                state.parked = true;
+                state.timer = timer;
+            }
+            // Held back by memory pressure with slots free: re-sampled until it eases.
+            pressure_watch::ensure(py, self.admission.get().gate().bind(py));
         } else {
             if let Some(timer) = timer {
                 timer.bind(py).call_method0(pyo3::intern!(py, "cancel"))?;

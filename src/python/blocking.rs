@@ -13,6 +13,8 @@ use std::time::Duration;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use super::gate::PyAdmissionGate;
+use super::pressure_watch::{self, WATCH_INTERVAL};
 use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{Core, PyWaker, ThreadSignal};
@@ -25,6 +27,8 @@ const SLICE: Duration = Duration::from_millis(100);
 /// A queued turn waited for by a blocked thread. Dropped unfinished, it withdraws.
 pub struct BlockingWait {
     core: Arc<Core>,
+    /// For re-sampling memory pressure while it holds the turn back.
+    gate: Py<PyAdmissionGate>,
     key: WaiterKey,
     transport: TransportId,
     signal: Arc<ThreadSignal>,
@@ -40,6 +44,7 @@ impl BlockingWait {
     /// The wait of the turn queued under `key`.
     pub fn new(
         core: Arc<Core>,
+        gate: Py<PyAdmissionGate>,
         key: WaiterKey,
         transport: TransportId,
         lease_follows: bool,
@@ -47,6 +52,7 @@ impl BlockingWait {
         Self {
             epoch: core.epoch(),
             core,
+            gate,
             key,
             transport,
             signal: Arc::new(ThreadSignal::default()),
@@ -92,9 +98,13 @@ impl BlockingWait {
                     return Err(PyRuntimeError::new_err("this turn's wait was withdrawn"));
                 }
             }
+            // Held back by memory pressure with slots free: nobody else may re-sample it (no
+            // event loop need exist), so this thread does, every watch interval.
+            let held_back = self.core.held_back();
+            let longest = if held_back { WATCH_INTERVAL } else { SLICE };
             let slice = match deadline {
-                Some(deadline) => deadline.saturating_sub(now()).min(SLICE),
-                None => SLICE,
+                Some(deadline) => deadline.saturating_sub(now()).min(longest),
+                None => longest,
             };
             if slice.is_zero() {
                 // Refuses the turn with `timeout` unless a slot was granted first; the claim
@@ -104,10 +114,13 @@ impl BlockingWait {
                 continue;
             }
             let signal = self.signal.clone();
-            py.detach(move || signal.wait(slice));
+            let woken = py.detach(move || signal.wait(slice));
             if let Err(err) = py.check_signals() {
                 self.withdraw(py);
                 return Err(err);
+            }
+            if !woken && self.core.held_back() {
+                pressure_watch::recheck(py, self.gate.get());
             }
         }
     }
