@@ -659,7 +659,7 @@ fn reconfigure_trims_each_lane_keeps_running_turns_and_fills_raised_ceilings() {
     let _b = queue(&g, "t");
     let (t2, _) = queue(&g, "t");
     let (u1, _) = queue(&g, "u"); // blocked by the global ceiling, in its own lane
-    let (refused, wakes) = g.reconfigure(ConcurrencyLimit::new(1, 1, "reject", 1).unwrap());
+    let (refused, wakes) = g.reconfigure(ConcurrencyLimit::new(1, 1, "reject", 1).unwrap(), None);
     wakes.run();
     g.check_invariants();
     assert_eq!(refused, 1);
@@ -668,7 +668,7 @@ fn reconfigure_trims_each_lane_keeps_running_turns_and_fills_raised_ceilings() {
         Claim::Refused(Rejection::QueueFull, Some(_))
     ));
     assert_eq!(stats(&g).in_flight, 1, "the running turn is untouched");
-    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(3, 1, "reject", 1).unwrap());
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(3, 1, "reject", 1).unwrap(), None);
     wakes.run();
     g.check_invariants();
     // u is granted at once; t stays at its per-tenant limit.
@@ -783,7 +783,7 @@ fn a_waker_panicking_mid_handoff_strands_nobody_else_and_counters_add_up() {
         })
         .collect();
 
-    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(4, 3, "queue", 0).unwrap());
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(4, 3, "queue", 0).unwrap(), None);
     assert_eq!(wakes.len(), 3);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wakes.run()));
     assert!(outcome.is_err(), "the waker's panic reaches the caller");
