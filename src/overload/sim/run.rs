@@ -9,9 +9,12 @@ use parking_lot::Mutex;
 
 use super::rng::Rng;
 use super::scenario::{Algorithm, Candidate, Ceiling, Scenario};
-use crate::core::{Arrival, Claim, ConcurrencyLimit, Gate, TurnSlot, WaiterKey, Waker, Wakes};
+use crate::core::gate::TurnEnd;
+use crate::core::{
+    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Rejection, TurnSlot, WaiterKey, Waker, Wakes,
+};
 use crate::overload::{
-    Aimd, CapacitySearch, CapacitySearchConfig, Gradient2, LimitController, Outcome, Sample,
+    Aimd, CapacitySearch, CapacitySearchConfig, Discipline, Gradient2, LimitController, Outcome,
 };
 
 /// The width of one point of the timeline.
@@ -108,6 +111,7 @@ enum Event {
     CallEnds(usize),
     GiveUp(usize),
     Expire(usize),
+    Deadline(usize),
     Sample,
 }
 
@@ -119,13 +123,11 @@ struct Sim<'a> {
     seq: u64,
     events: BinaryHeap<Reverse<(Duration, u64, Event)>>,
     gate: Gate<SimWaker>,
-    limits: ConcurrencyLimit,
-    controller: Option<Box<dyn LimitController>>,
+    /// The gate reports turns' starts and ends (overload control is on).
+    timed: bool,
     woken: Arc<Mutex<Vec<usize>>>,
     clients: Vec<Client>,
     provider_active: u64,
-    /// Turns started and not ended: what a turn reports as `in_flight` at its start.
-    running: u64,
     latencies: Vec<Duration>,
     served_in_step: u64,
     report: Report,
@@ -147,13 +149,9 @@ fn controller(ceiling: Ceiling) -> Option<Box<dyn LimitController>> {
 
 impl<'a> Sim<'a> {
     fn new(scenario: &'a Scenario, candidate: &'a Candidate) -> Self {
-        let controller = controller(candidate.ceiling);
         let ceiling = match candidate.ceiling {
             Ceiling::NoGate => 0,
-            Ceiling::Fixed(n) => n,
-            Ceiling::Adaptive(..) => controller
-                .as_ref()
-                .map_or(1, |c| u32::try_from(c.limit()).unwrap_or(u32::MAX)),
+            Ceiling::Fixed(n) | Ceiling::Adaptive(_, n) => n,
         };
         let limits = ConcurrencyLimit {
             max_concurrent_runs: ceiling,
@@ -161,6 +159,16 @@ impl<'a> Sim<'a> {
             overflow: candidate.overflow,
             max_per_scope: 0,
         };
+        let gate = Gate::new(limits);
+        let controller = controller(candidate.ceiling);
+        // Deadlines are a gate feature every configuration gets once clients send them.
+        let timed = candidate.ceiling != Ceiling::NoGate
+            && (controller.is_some()
+                || candidate.discipline != Discipline::Fifo
+                || scenario.clients.send_deadline);
+        if timed {
+            gate.enable_overload(controller, candidate.discipline);
+        }
         Self {
             scenario,
             candidate,
@@ -168,13 +176,11 @@ impl<'a> Sim<'a> {
             now: Duration::ZERO,
             seq: 0,
             events: BinaryHeap::new(),
-            gate: Gate::new(limits),
-            limits,
-            controller,
+            gate,
+            timed,
             woken: Arc::default(),
             clients: Vec::new(),
             provider_active: 0,
-            running: 0,
             latencies: Vec::new(),
             served_in_step: 0,
             report: Report {
@@ -206,7 +212,7 @@ impl<'a> Sim<'a> {
     }
 
     fn ceiling(&self) -> u64 {
-        u64::from(self.limits.max_concurrent_runs)
+        self.gate.stats(|| Duration::ZERO).limit
     }
 
     fn run(mut self) -> Report {
@@ -221,7 +227,8 @@ impl<'a> Sim<'a> {
                 Event::Arrive => self.arrive(),
                 Event::CallEnds(client) => self.call_ends(client),
                 Event::GiveUp(client) => self.give_up(client),
-                Event::Expire(client) => self.expire(client),
+                Event::Expire(client) => self.expire(client, Rejection::Timeout),
+                Event::Deadline(client) => self.expire(client, Rejection::Deadline),
                 Event::Sample => self.sample(),
             }
             self.settle();
@@ -242,18 +249,6 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn apply_limit(&mut self) {
-        let Some(controller) = &self.controller else {
-            return;
-        };
-        let wanted = u32::try_from(controller.limit()).unwrap_or(u32::MAX);
-        if wanted != self.limits.max_concurrent_runs {
-            self.limits.max_concurrent_runs = wanted;
-            let (_, wakes) = self.gate.reconfigure(self.limits);
-            wakes.run();
-        }
-    }
-
     fn arrive(&mut self) {
         let gap = self.rng.exponential(1.0 / self.scenario.arrival_rate());
         self.schedule(Self::seconds(gap), Event::Arrive);
@@ -265,9 +260,14 @@ impl<'a> Sim<'a> {
         });
         self.schedule(self.scenario.clients.patience, Event::GiveUp(client));
         let now = self.now;
+        let deadline = self
+            .scenario
+            .clients
+            .send_deadline
+            .then(|| now.saturating_add(self.scenario.clients.patience));
         let (arrival, wakes) = self
             .gate
-            .arrive(None, None, crate::core::Decision::Admit, || now);
+            .arrive_by(None, None, Decision::Admit, deadline, || now);
         wakes.run();
         match arrival {
             Arrival::Admitted(_) => self.start(client),
@@ -286,6 +286,10 @@ impl<'a> Sim<'a> {
                 }
                 if let Some(timeout) = self.candidate.queue_timeout {
                     self.schedule(timeout, Event::Expire(client));
+                }
+                if let Some(deadline) = deadline {
+                    let at = self.gate.deadline_timer(deadline);
+                    self.schedule(at.saturating_sub(now), Event::Deadline(client));
                 }
             }
             Arrival::Rejected(..) => {
@@ -315,12 +319,13 @@ impl<'a> Sim<'a> {
     }
 
     fn start(&mut self, client: usize) {
-        let queued = self.gate.stats(|| Duration::ZERO).queued;
-        self.running = self.running.saturating_add(1);
-        let in_flight = self.running;
-        if let Some(controller) = &mut self.controller {
-            controller.on_start(self.now, in_flight, queued);
-        }
+        let in_flight = if self.timed {
+            let (in_flight, wakes) = self.gate.turn_started(self.now);
+            wakes.run();
+            in_flight
+        } else {
+            0
+        };
         self.report.provider_calls = self.report.provider_calls.saturating_add(1);
         let accepted = self.provider_active < self.scenario.provider.capacity_at(self.now);
         let duration = if accepted {
@@ -342,7 +347,6 @@ impl<'a> Sim<'a> {
             };
         }
         self.schedule(duration, Event::CallEnds(client));
-        self.apply_limit();
     }
 
     /// Ends a running turn: its slot back to the gate, its outcome to the controller.
@@ -362,20 +366,19 @@ impl<'a> Sim<'a> {
         if accepted {
             self.provider_active = self.provider_active.saturating_sub(1);
         }
-        self.running = self.running.saturating_sub(1);
-        // The ceiling moves before the slot is handed on: a refusal must not start the
-        // next turn under the ceiling it just proved too high.
-        if let Some(controller) = &mut self.controller {
-            controller.on_sample(Sample {
+        let wakes = if self.timed {
+            let end = TurnEnd {
                 started_at: started,
                 ended_at: self.now,
                 in_flight,
                 outcome,
                 remaining: None,
-            });
-        }
-        self.apply_limit();
-        slot.close(&self.gate, None).run();
+            };
+            slot.finish(&self.gate, None, end)
+        } else {
+            slot.close(&self.gate, None)
+        };
+        wakes.run();
     }
 
     fn call_ends(&mut self, client: usize) {
@@ -415,9 +418,9 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn expire(&mut self, client: usize) {
+    fn expire(&mut self, client: usize, reason: Rejection) {
         if let Some(Turn::Queued(key)) = self.clients.get(client).map(|c| &c.turn) {
-            let (_, wakes) = self.gate.expire(*key);
+            let (_, wakes) = self.gate.expire_for(*key, reason);
             wakes.run();
         }
     }
