@@ -279,3 +279,6 @@ impl<W> GateState<W> {
         increment(&mut self.rejected);
     }
 }
+
+#[cfg(test)]
+mod tests;
