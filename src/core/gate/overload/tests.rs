@@ -125,7 +125,7 @@ impl Model {
             (true, 1) => Some("a"),
             (true, _) => Some("b"),
         };
-        let deadline = (self.options.deadlines && rng.next_u64() % 2 == 0)
+        let deadline = (self.options.deadlines && rng.next_u64().is_multiple_of(2))
             .then(|| self.now + Duration::from_millis(rng.next_u64() % 120));
         let before = self.stats();
         let runs_at_once = before.in_flight < before.limit
@@ -205,7 +205,7 @@ impl Model {
         let Some(&(_, key)) = self.waiting.first() else {
             return;
         };
-        let reason = if rng.next_u64() % 2 == 0 {
+        let reason = if rng.next_u64().is_multiple_of(2) {
             Rejection::Timeout
         } else {
             Rejection::Deadline
