@@ -19,6 +19,7 @@ from . import _admitgate
 from ._admitgate import (
     DURATION_BUCKETS,
     MAX_TRANSPORTS,
+    AdaptiveLimit,
     AdmissionGate,
     ConcurrencyLimitPolicy,
     FleetLease,
@@ -38,6 +39,7 @@ __all__ = [
     "DURATION_BUCKETS",
     "MAX_TRANSPORTS",
     "REJECTION_REASONS",
+    "AdaptiveLimit",
     "AdmissionDecision",
     "AdmissionGate",
     "AdmissionRejected",
