@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .adaptive import bench_adaptive
 from .contended import bench_contended
 from .harness import CheckFailed, Result, perf, print_result
 from .machine import machine
@@ -34,6 +35,7 @@ WORKLOADS: dict[str, Workload] = {
     "memory": bench_memory,
     "memory-aware": bench_memory_aware,
     "threads": bench_threads,
+    "adaptive": bench_adaptive,
 }
 
 #: Sizes of a full run and of ``--quick`` (tiny sizes, one repetition: the CI smoke test).
@@ -53,6 +55,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory_modes": ("rss", "tracemalloc"),
         "threads": (4, 50, 400),
         "threads_reps": 5,
+        "adaptive_phase_s": 20.0,
     },
     "quick": {
         "reps": 1,
@@ -68,6 +71,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory_modes": ("rss",),
         "threads": (4, 10, 10),
         "threads_reps": 1,
+        "adaptive_phase_s": 2.0,
     },
 }
 

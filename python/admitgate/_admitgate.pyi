@@ -27,6 +27,7 @@ __all__ = [
     "_resolve_waiter",
     "_set_rejection_class",
     "_simulate",
+    "_standard_scenarios",
     "AdaptiveLimit",
     "Admission",
     "Entered",
@@ -600,3 +601,6 @@ def _panic_inside_gate(gate: AdmissionGate) -> None: ...
 def _panic_in_next_wakes(count: int) -> None: ...
 def _simulate(scenario: dict[str, Any], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs each candidate gate in the scenario in the overload simulator (virtual time)."""
+
+def _standard_scenarios(phase_s: float, seed: int) -> list[dict[str, Any]]:
+    """Issue 17's scenarios, as the dicts :func:`_simulate` takes."""

@@ -342,6 +342,34 @@ fn candidate_of(d: &Bound<'_, PyDict>) -> PyResult<Candidate> {
     })
 }
 
+/// The scenarios (see [`sim::standard`]) as the dicts [`_simulate`] takes, each
+/// capacity phase (and each fixed-capacity run's third) `phase_s` seconds long.
+#[pyfunction]
+pub fn _standard_scenarios(py: Python<'_>, phase_s: f64, seed: u64) -> PyResult<Bound<'_, PyList>> {
+    let out = PyList::empty(py);
+    for scenario in sim::standard(seconds(phase_s, "phase_s")?, seed) {
+        let d = PyDict::new(py);
+        d.set_item("name", &scenario.name)?;
+        let capacity: Vec<(f64, u64)> = scenario
+            .provider
+            .capacity
+            .iter()
+            .map(|&(at, c)| (at.as_secs_f64(), c))
+            .collect();
+        d.set_item("capacity", capacity)?;
+        d.set_item("service_s", scenario.provider.service_mean.as_secs_f64())?;
+        d.set_item("service_sigma", scenario.provider.service_sigma)?;
+        d.set_item("refusal_s", scenario.provider.refusal_latency.as_secs_f64())?;
+        d.set_item("patience_s", scenario.clients.patience.as_secs_f64())?;
+        d.set_item("load", scenario.clients.load)?;
+        d.set_item("send_deadline", scenario.clients.send_deadline)?;
+        d.set_item("duration_s", scenario.duration.as_secs_f64())?;
+        d.set_item("seed", scenario.seed)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
 /// Runs each candidate gate (a dict) in the scenario (a dict) in the simulator; returns one
 /// report dict per candidate. The keys are those of `python -m admitgate simulate`.
 #[pyfunction]

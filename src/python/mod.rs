@@ -34,7 +34,7 @@ use pyo3::prelude::*;
 #[pymodule(gil_used = true)]
 mod _admitgate {
     #[pymodule_export]
-    use super::adaptive::{_simulate, Entered, PyAdaptiveLimit};
+    use super::adaptive::{_simulate, _standard_scenarios, Entered, PyAdaptiveLimit};
     #[pymodule_export]
     use super::admission::Admission;
     #[pymodule_export]
