@@ -315,3 +315,55 @@ def test_simulate_runs_candidates_side_by_side():
     assert adaptive["phase_limits"] == [(8, 8)]
     with pytest.raises(ValueError, match="ceiling must be one of"):
         _admitgate._simulate(scenario, [{"ceiling": "magic"}])
+
+
+# -- front doors ----------------------------------------------------------------------------
+
+
+def test_the_http_front_door_reads_envoys_deadline_header():
+    from admitgate._frontdoor import header_deadline_s
+    from admitgate.asgi import AdmissionMiddleware
+
+    assert header_deadline_s([(b"x-envoy-expected-rq-timeout-ms", b"1500")]) == 1.5
+    for bad in (b"", b"-1", b"1e3", "²".encode(), b"9" * 11):
+        assert header_deadline_s([(b"x-envoy-expected-rq-timeout-ms", bad)]) is None
+
+    gate = build_admission_gate(max_concurrent_runs=1, queue_depth=4)
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    middleware = AdmissionMiddleware(app, gate, gate_methods="all")
+
+    async def request(headers):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/tasks/abc",
+            "root_path": "",
+            "query_string": b"",
+            "headers": headers,
+        }
+        await middleware(scope, receive, send)
+        return sent[0]
+
+    async def main():
+        deadline = [(b"x-envoy-expected-rq-timeout-ms", b"0")]
+        # A request that runs at once runs, whatever its deadline.
+        assert (await request(deadline))["status"] == 200
+        async with gate.admit():
+            start = await request(deadline)
+        assert start["status"] == 504
+        assert (b"admitgate-reason", b"deadline") in start["headers"]
+
+    asyncio.run(main())
+    assert gate.stats()["rejected"] == 1

@@ -59,7 +59,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
-from ._admitgate import Ready
+from ._admitgate import Entered, Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
     A2A_WORK_METHODS,
@@ -71,6 +71,7 @@ from ._frontdoor import (
     REASON_KEY,
     RequestSlot,
     checked_session,
+    header_deadline_s,
     refusal,
     whole_seconds,
 )
@@ -514,10 +515,14 @@ class AdmissionMiddleware:
             session = (
                 "" if self.session_id is None else checked_session(self.session_id(scope), "scope")
             )
-            admission = self.gate.admit(session_id=session, transport=transport)
+            admission = self.gate.admit(
+                session_id=session,
+                transport=transport,
+                deadline_s=header_deadline_s(scope["headers"]),
+            )
             try:
                 entry = admission.__aenter__()
-                if type(entry) is Ready or more:
+                if type(entry) is Ready or type(entry) is Entered or more:
                     await entry
                 elif not await _wait_unless_gone(entry, receive, pending, admission):
                     return
