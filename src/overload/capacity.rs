@@ -21,9 +21,13 @@
 //!   holding their slots count among the others, so they only ever measure higher), so it
 //!   does not ratchet the ceiling to the floor. A `Retry-After` also holds every increase
 //!   until it has passed.
-//! * **Latency inflation** (the window's mean round trip above [`INFLATION`] times the
-//!   long-run baseline, over at least [`MIN_WINDOW_SAMPLES`] calls) takes a tenth off: a
-//!   provider that queues internally instead of refusing.
+//! * **Latency inflation** (the window's median round trip above [`INFLATION`] times the
+//!   long-run baseline, over at least [`MIN_WINDOW_SAMPLES`] calls, for
+//!   [`INFLATED_WINDOWS`] windows in a row) takes a tenth off: a
+//!   provider that queues internally instead of refusing. Medians and a run of windows, not
+//!   one window's mean: LLM turn durations are heavy-tailed (a log-normal of deviation 1 has
+//!   a window mean above twice the long-run mean in one window out of six), and a controller
+//!   that backs off on noise ratchets down to its floor.
 //! * **Growth** happens only in a window where the ceiling was reached (a turn started at it,
 //!   or turns waited): while nothing was ever refused, the ceiling doubles each window (slow
 //!   start: a capacity it was not told is found in `log2(capacity)` round trips). After the
@@ -43,7 +47,11 @@ use super::limit::{clamp, to_count, LimitController, Outcome, Sample};
 /// A window's mean round trip above this multiple of the baseline is inflation.
 pub const INFLATION: f64 = 2.0;
 /// Fewer calls than this in a window say nothing about its latency.
-pub const MIN_WINDOW_SAMPLES: u64 = 4;
+pub const MIN_WINDOW_SAMPLES: usize = 4;
+/// Consecutive inflated windows before the ceiling backs off.
+pub const INFLATED_WINDOWS: u32 = 3;
+/// The most round trips a window keeps for its median.
+const WINDOW_SAMPLES: usize = 64;
 /// What inflation keeps of the ceiling.
 pub const INFLATION_BACKOFF: f64 = 0.9;
 /// Calls started at the ceiling before the first probe, and after a probe succeeded.
@@ -89,14 +97,25 @@ enum Phase {
     Probing,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Window {
     start: Duration,
     /// A turn started at the ceiling, or turns waited.
     reached: bool,
     throttled: bool,
-    rtt_sum_s: f64,
-    samples: u64,
+    /// The first [`WINDOW_SAMPLES`] round trips that ended in it, seconds.
+    rtts: Vec<f64>,
+}
+
+impl Window {
+    /// The median round trip, over at least [`MIN_WINDOW_SAMPLES`] calls.
+    fn median(&mut self) -> Option<f64> {
+        if self.rtts.len() < MIN_WINDOW_SAMPLES {
+            return None;
+        }
+        self.rtts.sort_unstable_by(f64::total_cmp);
+        self.rtts.get(self.rtts.len() / 2).copied()
+    }
 }
 
 /// admitgate's adaptive ceiling (see the module documentation).
@@ -108,6 +127,8 @@ pub struct CapacitySearch {
     window: Window,
     rtt_s: Option<f64>,
     baseline_s: Option<f64>,
+    /// Inflated windows in a row.
+    inflated: u32,
     hold_until: Duration,
     /// The provider reported no requests left.
     exhausted: bool,
@@ -135,6 +156,7 @@ impl CapacitySearch {
             window: Window::default(),
             rtt_s: None,
             baseline_s: None,
+            inflated: 0,
             hold_until: Duration::ZERO,
             exhausted: false,
             quiet_calls: 0,
@@ -161,31 +183,36 @@ impl CapacitySearch {
         if now.saturating_sub(self.window.start) < length {
             return;
         }
-        let window = std::mem::replace(
+        let mut window = std::mem::replace(
             &mut self.window,
             Window {
                 start: now,
+                rtts: Vec::with_capacity(WINDOW_SAMPLES),
                 ..Window::default()
             },
         );
-        let mean = (window.samples >= MIN_WINDOW_SAMPLES)
-            .then(|| window.rtt_sum_s / window.samples as f64);
+        let median = window.median();
         let baseline = self.baseline_s;
-        if let Some(mean) = mean {
-            self.baseline_s = Some(baseline.map_or(mean, |b| b + BASELINE_WEIGHT * (mean - b)));
+        if let Some(median) = median {
+            self.baseline_s = Some(baseline.map_or(median, |b| b + BASELINE_WEIGHT * (median - b)));
+            let inflated = baseline.is_some_and(|b| median > INFLATION * b);
+            self.inflated = if inflated {
+                self.inflated.saturating_add(1)
+            } else {
+                0
+            };
         }
         if window.throttled {
             return;
         }
-        if let (Some(baseline), Some(mean)) = (baseline, mean) {
-            if mean > INFLATION * baseline {
-                let lowered = to_count(self.limit as f64 * INFLATION_BACKOFF);
-                self.set_limit(lowered.min(self.limit.saturating_sub(1)));
-                self.phase = Phase::Probing;
-                self.step = 0;
-                self.quiet_calls = 0;
-                return;
-            }
+        if self.inflated >= INFLATED_WINDOWS {
+            self.inflated = 0;
+            let lowered = to_count(self.limit as f64 * INFLATION_BACKOFF);
+            self.set_limit(lowered.min(self.limit.saturating_sub(1)));
+            self.phase = Phase::Probing;
+            self.step = 0;
+            self.quiet_calls = 0;
+            return;
         }
         if !window.reached || now < self.hold_until || self.exhausted {
             // Not limited by the ceiling this window: nothing learned about a higher one.
@@ -232,8 +259,9 @@ impl CapacitySearch {
             self.rtt_s
                 .map_or(rtt, |mean| mean + RTT_WEIGHT * (rtt - mean)),
         );
-        self.window.rtt_sum_s += rtt;
-        self.window.samples = self.window.samples.saturating_add(1);
+        if self.window.rtts.len() < WINDOW_SAMPLES {
+            self.window.rtts.push(rtt);
+        }
     }
 }
 

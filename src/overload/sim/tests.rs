@@ -102,3 +102,37 @@ fn a_run_replays_exactly_from_its_seed() {
     let candidate = Candidate::adaptive(64);
     assert_eq!(run(&scenario, &candidate), run(&scenario, &candidate));
 }
+
+/// LLM turn durations are heavy-tailed: a latency signal read from one window's mean backs
+/// off on noise and ratchets the ceiling down. Not one of the scenarios; a guard.
+#[test]
+fn heavy_tailed_service_times_do_not_ratchet_the_ceiling() {
+    for (service_ms, patience_s) in [(50, 0.5), (2000, 10.0)] {
+        let mut scenario = scenario("capacity 8>4>16, patience 0.5s");
+        scenario.provider.service_sigma = 1.0;
+        scenario.provider.service_mean = Duration::from_millis(service_ms);
+        scenario.clients.patience = Duration::from_secs_f64(patience_s);
+        let scale = u32::try_from(service_ms / 50).unwrap();
+        scenario.duration = PHASE * 3 * scale;
+        scenario.provider.capacity = vec![
+            (Duration::ZERO, 8),
+            (PHASE * scale, 4),
+            (PHASE * 2 * scale, 16),
+        ];
+        let report = run(&scenario, &Candidate::adaptive(64));
+        assert!(
+            report.goodput >= 0.9,
+            "{service_ms} ms: goodput {:.3}, limits {:?}",
+            report.goodput,
+            report.phase_limits
+        );
+        assert!(report.throttled_fraction() <= 0.03, "{service_ms} ms");
+        for &(capacity, limit) in &report.phase_limits {
+            assert!(
+                limit.abs_diff(capacity) * 4 <= capacity,
+                "{service_ms} ms: {:?}",
+                report.phase_limits
+            );
+        }
+    }
+}
