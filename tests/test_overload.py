@@ -367,3 +367,50 @@ def test_the_http_front_door_reads_envoys_deadline_header():
 
     asyncio.run(main())
     assert gate.stats()["rejected"] == 1
+
+
+def test_the_grpc_front_door_passes_the_calls_deadline():
+    import grpc
+    import grpc.aio
+    from _grpc_a2a import A2AServer, LoopThread, user_message
+    from a2a.types import a2a_pb2_grpc
+    from admitgate.grpc import AdmissionInterceptor
+
+    gate = build_admission_gate(max_concurrent_runs=1, queue_depth=4)
+    server = A2AServer([AdmissionInterceptor(gate)])
+    loop = LoopThread()
+
+    async def scenario():
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(server.target) as ch:
+                stub = a2a_pb2_grpc.A2AServiceStub(ch)
+                # One turn of about 100 ms teaches the service time.
+                first = stub.SendMessage(user_message("hold:teach"), timeout=10)
+                await server.executor.started("teach")
+                await asyncio.sleep(0.1)
+                server.executor.release("teach")
+                await first
+                held = stub.SendMessage(user_message("hold:busy"), timeout=10)
+                await server.executor.started("busy")
+                started = loop_time()
+                # 300 ms of deadline: it queues, and is refused once less than a turn is left.
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.SendMessage(user_message("late"), timeout=0.3)
+                assert loop_time() - started < 0.28
+                assert refused.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert dict(refused.value.trailing_metadata())["admitgate-reason"] == "deadline"
+                server.executor.release("busy")
+                await held
+        finally:
+            server.executor.release_all()
+            await server.stop()
+
+    def loop_time():
+        return asyncio.get_running_loop().time()
+
+    try:
+        loop.run(scenario())
+    finally:
+        loop.close()
+    assert gate.transport_stats()["grpc"]["rejected"]["deadline"] == 1
