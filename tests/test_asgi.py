@@ -139,7 +139,7 @@ def check_retry_after(response: httpx.Response, expected: int | None = None) -> 
 
 def classify(path: str, method: str = "POST", **kwargs: Any) -> int:
     middleware = AdmissionMiddleware(_noop_app, new_gate(1), **kwargs)
-    return middleware._classify(method, path)
+    return middleware._classify(method, path, "")
 
 
 async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
@@ -153,7 +153,13 @@ async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
         ("GET", "/", _PASS),
         ("POST", "/message:send", _REST_WORK),
         ("POST", "/message:stream", _REST_WORK),
-        ("GET", "/message:send", _REST_READ),
+        ("GET", "/message:send", _PASS),  # a 405: no endpoint runs
+        ("POST", "/tasks/message:send", _REST_WORK),  # the tenant "tasks"
+        ("POST", "/tasks/message:stream", _REST_WORK),
+        ("GET", "/tasks/message:send", _REST_READ),  # GetTask of the task "message:send"
+        ("POST", "/message:send\n", _REST_WORK),  # Starlette's "$" matches before a final \n
+        ("POST", "/\n", _JSONRPC),
+        ("POST", "/tasks/t1", _PASS),
         ("POST", "/acme/message:send", _REST_WORK),
         ("POST", "/v1/message:send", _REST_WORK),
         ("POST", "/v1/message:stream", _REST_WORK),

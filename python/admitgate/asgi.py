@@ -59,6 +59,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
+from ._a2a_routes import JSONRPC, PASS, READ, WORK, Router, sdk_routers
 from ._admitgate import Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
@@ -109,115 +110,59 @@ _WORK_METHODS: Final = frozenset(
 )
 
 # What a request is, as far as the gate is concerned.
-_PASS: Final = 0  # not A2A: passthrough
-_REST_READ: Final = 1  # an A2A REST request that reads, cancels or configures
-_REST_WORK: Final = 2  # an A2A REST request that starts or continues work
-_JSONRPC: Final = 3  # a POST to the JSON-RPC endpoint; the body decides
-
-_SUBSCRIBE_METHODS: Final = frozenset({"GET", "HEAD", "POST"})
+_PASS: Final = PASS  # not an A2A endpoint: passthrough
+_REST_READ: Final = READ  # an A2A REST request that reads, cancels or configures
+_REST_WORK: Final = WORK  # an A2A REST request that starts or continues work
+_JSONRPC: Final = JSONRPC  # a POST to the JSON-RPC endpoint; the body decides
 
 
-def _route_path(scope: Scope) -> str:
-    # As Starlette routes: the path below the root path the app is mounted at.
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
-        return path[len(root) :] or "/"
-    return path
-
-
-def _rest_route(method: str, segs: list[str], lead: str) -> int:
-    """Classify the segments of an A2A REST route (after any tenant or ``v1`` segment)."""
-    n = len(segs)
-    first = segs[0]
-    if n == 1:
-        if first == "message:send" or first == "message:stream":
-            return _REST_WORK if method == "POST" else _REST_READ
-        if first == "tasks" or first == "extendedAgentCard" or (first == "card" and lead == "v1"):
-            return _REST_READ
-        return _PASS
-    if first != "tasks" or not segs[1]:
-        return _PASS
-    if n == 2:
-        if segs[1].endswith(":subscribe") and method in _SUBSCRIBE_METHODS:
-            return _REST_WORK
-        return _REST_READ
-    if segs[2] == "pushNotificationConfigs" and (n == 3 or (n == 4 and segs[3])):
-        return _REST_READ
-    return _PASS
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_SKIP = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
-_SCALAR = re.compile(r"[^\s,\]}]+")
-_WS = re.compile(r"\s*")
+# JSON's own whitespace (json.loads skips exactly these four; ``\s`` would take more).
+_WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
-
-
-def _skip_value(text: str, i: int) -> int:
-    """The index just past the JSON value at ``text[i]``; -1 if it does not end in ``text``."""
-    if i >= len(text):
-        return -1
-    c = text[i]
-    if c == '"':
-        m = _STRING.match(text, i)
-        return m.end() if m else -1
-    if c == "{" or c == "[":
-        depth = 0
-        for m in _SKIP.finditer(text, i):
-            t = m.group()
-            if t[0] == '"':
-                continue
-            depth += 1 if t in "{[" else -1
-            if depth == 0:
-                return m.end()
-        return -1
-    m = _SCALAR.match(text, i)
-    return m.end() if m and m.end() < len(text) else -1
 
 
 def _scan_head(head: bytes) -> tuple[object, object]:
     """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
 
-    Walks only the top-level object, skipping other members' values (a nested ``"method"``
-    inside ``params`` is never taken for the request's). A member not found in ``head`` is
-    ``None``. Only the refusal's ``id`` is taken from it: a request whose body does not fit
-    the prefix is gated whatever its method says.
+    Walks only the top-level object: each member's key and value are decoded by ``json``'s
+    own C scanner (``raw_decode``), so a nested ``"method"`` inside ``params`` is never taken
+    for the request's and a value found is exactly what ``json.loads`` would give. A member
+    not found in ``head`` is ``None``. Only the refusal's ``id`` is taken from it: a request
+    whose body does not fit the prefix is gated whatever its method says.
+
+    Linear time, whatever the bytes: each member is decoded once, from where the previous one
+    ended, and the walk stops at the first member that does not end inside ``head`` (a cut,
+    or invalid JSON), so no character is looked at again after a failure. ``raw_decode`` is
+    itself a single pass (its error path included) and gives up past the interpreter's
+    recursion limit instead of descending into deeper nesting.
     """
     text = head.decode("utf-8", "replace")
     found: dict[str, object] = {}
+    size = len(text)
     i = _WS.match(text).end()  # type: ignore[union-attr]
     if not text.startswith("{", i):
         return None, None
     i += 1
     while True:
         i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        m = _STRING.match(text, i)
-        if m is None:
+        if not text.startswith('"', i):
             break
         try:
-            key = json.loads(m.group())
-        except ValueError:
+            key, i = _DECODER.raw_decode(text, i)
+            i = _WS.match(text, i).end()  # type: ignore[union-attr]
+            if not text.startswith(":", i):
+                break
+            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+            value, i = _DECODER.raw_decode(text, i)
+        except (ValueError, RecursionError):  # cut by the prefix, invalid, or nested too deep
             break
-        i = _WS.match(text, m.end()).end()  # type: ignore[union-attr]
-        if not text.startswith(":", i):
-            break
-        i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-        if key == "method" or key == "id":
-            try:
-                value, end = _DECODER.raw_decode(text, i)
-            except ValueError:
-                break
-            if end >= len(text):  # a number or literal cut short by the prefix
-                break
-            found[key] = value
-            i = end
-        else:
-            i = _skip_value(text, i)
-            if i < 0:
-                break
         i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        if not text.startswith(",", i):
+        # Only a value followed by "," or "}" is whole: "12" or "1." may be a cut "12.5".
+        if i >= size or text[i] not in ",}":
+            break
+        if key == "method" or key == "id":
+            found[key] = value  # as json.loads: the last of duplicate keys wins
+        if text[i] == "}":
             break
         i += 1
     return found.get("method"), found.get("id")
@@ -279,7 +224,10 @@ def _parse(body: bytes) -> object:
                 return None
             return value
         return json.loads(body)
-    except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
+    except (ValueError, RecursionError):
+        # ValueError includes UnicodeDecodeError and JSONDecodeError. RecursionError: nested
+        # deeper than json can follow here, so also where the app parses it (further down the
+        # same stack), so the app cannot run it either.
         return None
 
 
@@ -386,39 +334,15 @@ class AdmissionMiddleware:
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         self._gate_all = gate_methods == "all"
-        # The JSON-RPC endpoint, with and without a trailing slash (Starlette redirects one
-        # to the other), or nothing.
-        self._rpc_paths: frozenset[str] = frozenset()
-        if jsonrpc_path is not None:
-            rpc = (prefix + jsonrpc_path).rstrip("/")
-            self._rpc_paths = frozenset({rpc or "/", rpc + "/"})
+        self._routers: tuple[Router, ...] = sdk_routers(prefix, jsonrpc_path)
 
     # -- classification --------------------------------------------------------------------
 
-    def _classify(self, method: str, path: str) -> int:
-        if method == "POST" and path in self._rpc_paths:
-            return _JSONRPC
-        prefix = self.path_prefix
-        if prefix:
-            if path.startswith(prefix) and path.startswith("/", len(prefix)):
-                return self._classify_rest(method, path[len(prefix) + 1 :], tenant_allowed=True)
-            # The SDK mounts its tenant routes in front of the prefix: /{tenant}<prefix>/...
-            cut = path.find("/", 1)
-            if cut > 1 and path.startswith(prefix, cut) and path.startswith("/", cut + len(prefix)):
-                return self._classify_rest(
-                    method, path[cut + len(prefix) + 1 :], tenant_allowed=False
-                )
-            return _PASS
-        return self._classify_rest(method, path[1:], tenant_allowed=True)
-
-    @staticmethod
-    def _classify_rest(method: str, rest: str, *, tenant_allowed: bool) -> int:
-        segs = rest.split("/")
-        if not segs[0]:
-            return _PASS
-        kind = _rest_route(method, segs, "")
-        if kind == _PASS and tenant_allowed and len(segs) >= 2 and segs[1]:
-            kind = _rest_route(method, segs[1:], segs[0])
+    def _classify(self, method: str, path: str, root_path: str) -> int:
+        """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
+        kind = _PASS
+        for router in self._routers:
+            kind = max(kind, router.kind(method, path, root_path))
         return kind
 
     # -- the ASGI entry point --------------------------------------------------------------
@@ -429,10 +353,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         start = perf_counter()
-        path: str = scope["path"]
-        if scope.get("root_path"):
-            path = _route_path(scope)
-        kind = self._classify(scope["method"], path)
+        kind = self._classify(scope["method"], scope["path"], scope.get("root_path", ""))
         if kind == _PASS or (kind == _REST_READ and not self._gate_all):
             end = 0.0
 
