@@ -176,36 +176,60 @@ def _response_id(value: object) -> str | int | None:
 
 
 async def _wait_unless_gone(
-    entry: Awaitable[Any], receive: Receive, pending: list[Message], admission: Any
+    entry: Awaitable[Any],
+    receive: Receive,
+    pending: list[Message],
+    more: bool,
+    budget: int,
+    admission: Any,
 ) -> bool:
-    """Wait for a slot while watching for the client leaving. The body is fully read, so the
-    next ``receive`` only returns on a disconnect. False if the client left (no slot held)."""
+    """Wait for a queued request's slot while watching for its client leaving; False if it
+    left (then no slot is held and the app is never called).
+
+    ASGI shows a client leaving only as the next ``receive()`` returning ``http.disconnect``,
+    and that ``receive()`` returns the body's next chunk first when there is one. So while
+    the body is still coming (``more``), the chunks it returns are kept in ``pending`` for
+    the app, in order, up to ``budget`` bytes. Past that the wait stops reading: the server
+    stops reading the socket (TCP back-pressure pauses the upload), memory stays bounded, and
+    a client leaving during the pause is only seen once the request is admitted (the app then
+    gets ``http.disconnect`` as its body runs out, and the slot is freed at that moment). Once
+    the body has ended, the next ``receive()`` returns only on a disconnect.
+    """
     waiter = asyncio.ensure_future(entry)
-    watcher = asyncio.ensure_future(receive())
+    watcher: asyncio.Future[Message] | None = None
     try:
-        await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+        while not (more and budget <= 0):
+            watcher = asyncio.ensure_future(receive())
+            await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if not watcher.done():
+                watcher.cancel()
+                break
+            message = watcher.result()
+            watcher = None
+            if message["type"] == "http.disconnect":
+                waiter.cancel()
+                try:
+                    await waiter
+                except (asyncio.CancelledError, AdmissionRejected):
+                    return False
+                # Granted in the same instant the client left: give the slot back.
+                await admission.__aexit__(None, None, None)
+                return False
+            pending.append(message)
+            if message["type"] == "http.request":
+                budget -= len(message.get("body", b""))
+                more = message.get("more_body", False)
+            if waiter.done():
+                break
     except BaseException:
         # Cancelled from outside: withdraw, or give back a slot granted meanwhile.
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
         if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             await admission.__aexit__(None, None, None)
         else:
             waiter.cancel()
         raise
-    if not watcher.done():
-        watcher.cancel()
-    elif not watcher.cancelled():
-        message = watcher.result()
-        if message["type"] == "http.disconnect":
-            waiter.cancel()
-            try:
-                await waiter
-            except (asyncio.CancelledError, AdmissionRejected):
-                return False
-            # Granted in the same instant the client left: give the slot back.
-            await admission.__aexit__(None, None, None)
-            return False
-        pending.append(message)  # not expected; kept for the app, in order
     await waiter
     return True
 
@@ -420,7 +444,7 @@ class AdmissionMiddleware:
 
                 async def replay() -> Message:
                     if pending:
-                        return pending.pop()
+                        return pending.pop(0)
                     return await receive()
 
                 async def timed_send(message: Message) -> None:
@@ -438,9 +462,11 @@ class AdmissionMiddleware:
             admission = self.gate.admit(session_id=session, transport=transport)
             try:
                 entry = admission.__aenter__()
-                if type(entry) is Ready or more:
+                if type(entry) is Ready:
                     await entry
-                elif not await _wait_unless_gone(entry, receive, pending, admission):
+                elif not await _wait_unless_gone(
+                    entry, receive, pending, more, self.max_peek_bytes, admission
+                ):
                     return
             except AdmissionRejected as exc:
                 await self._refuse(send, transport, exc, rpc_id)
