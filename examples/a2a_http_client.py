@@ -52,7 +52,7 @@ async def main() -> None:
             await asyncio.sleep(0)  # it takes the only slot
             print(await ask("hello"))
             await busy
-        print("refused at the door, then retried:", gate.rejected, "times")
+        print("refusals before it got through:", gate.rejected)
     finally:
         server.should_exit = True
         await serving

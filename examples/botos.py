@@ -41,7 +41,8 @@ async def main() -> None:
     burst = asyncio.gather(*turns)
     while gate.in_flight + gate.queued < 6:  # until the six turns have reached the gate
         await asyncio.sleep(0.01)
-    print("alice runs at most 2 at once:", gate.scope_stats())
+    tenants = gate.scope_stats()
+    print("alice runs at most 2 at once:", tenants["alice"], "bob:", tenants["bob"])
     StandInAgent.answer_now.set()
     replies = await burst
     print(replies[-1])

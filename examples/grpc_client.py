@@ -41,7 +41,7 @@ async def main() -> None:
         busy = asyncio.create_task(someone_else())
         await asyncio.sleep(0)  # it takes the only slot
         print(await ask(address, "hello"))
-        print("refused, then retried after the pushback:", gate.rejected, "times")
+        print("refusals before it got through:", gate.rejected)
         await busy
     finally:
         await server.stop(grace=1)

@@ -17,7 +17,7 @@ class Person:
         self.answer = asyncio.Event()
 
     async def request_approval(self, request: ApprovalRequest) -> ApprovalDecision:
-        print(f"  asking a person about {request.tool_name}{request.arguments} ...")
+        print(f"  asking a person about {request.tool_name}({request.arguments}) ...")
         self.asked.set()
         await self.answer.wait()
         return ApprovalDecision(approved=True, approver="alice")

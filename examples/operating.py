@@ -40,7 +40,7 @@ async def main() -> None:
 
     turns = [asyncio.create_task(handle(f"tenant-{i % 2}", f"turn {i}")) for i in range(6)]
     await asyncio.sleep(0)  # every turn reaches the gate
-    print("per tenant:", gate.scope_stats())  # {"tenant-0": {"in_flight": 1, "queued": 2}, ...}
+    print("tenant-0:", gate.scope_stats()["tenant-0"])  # one per-tenant entry of every tenant
 
     # Live: raising the ceiling starts waiting turns at once; returns the waiters it refused.
     gate.reconfigure(max_concurrent_runs=4, max_concurrent_runs_per_scope=2)
