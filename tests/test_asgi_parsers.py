@@ -8,7 +8,8 @@ parse that is slower than linear on some shape stalls every other request on tha
 Checked here:
 
 - ``_scan_head`` finds what ``json.loads`` finds in a whole body (same ``method`` and ``id``,
-  duplicate keys included), and never a wrong value in a cut one;
+  duplicate keys included; it looks at the first 64 top-level members only), and never a
+  wrong value in a cut one;
 - every parser, on every adversarial shape, scans 64 KiB within a bound and scales linearly
   (64 KiB against eight times 8 KiB);
 - nesting deeper than ``json`` follows is an invalid body, not an exception out of the
@@ -17,6 +18,7 @@ Checked here:
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -70,7 +72,7 @@ def _encode(members: list[tuple[str, Any]], ensure_ascii: bool, spaced: bool) ->
 
 
 @given(members=_MEMBERS, ensure_ascii=st.booleans(), spaced=st.booleans(), cut=st.data())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_scan_head_finds_what_json_loads_finds(
     members: list[tuple[str, Any]], ensure_ascii: bool, spaced: bool, cut: st.DataObject
 ) -> None:
@@ -97,6 +99,9 @@ def test_scan_head_edge_cases() -> None:
     assert _scan_head(b'{"\\u006dethod": "SendMessage", "id": 7}') == ("SendMessage", 7)
     # Only JSON whitespace separates tokens, as for json.loads.
     assert _scan_head(b'{\x0b"id": 1}') == (None, None)
+    # Past the first 64 members the scan stops (a JSON-RPC request has four).
+    many = b'{"id": 1, ' + b'"x": 0, ' * 62 + b'"id": 2, "id": 3}'
+    assert json.loads(many)["id"] == 3 and _scan_head(many) == (None, 2)
     # Not an object, or nothing at all.
     assert _scan_head(b"") == (None, None)
     assert _scan_head(b'["id", 1]') == (None, None)
@@ -138,6 +143,8 @@ SHAPES: dict[str, Callable[[int], bytes]] = {
     "alternating brackets": lambda n: _repeat_to("[],", n, '{"params":['),
     "many short strings": lambda n: _repeat_to('"",', n, '{"params":['),
     "many keys": lambda n: _repeat_to('"k":1,', n, "{"),
+    "many nested members": lambda n: _repeat_to('"":[],', n, "{"),
+    "many escaped keys": lambda n: _repeat_to('"\\u0069d":[0],', n, "{"),
     "many method keys": lambda n: _repeat_to('"method":"SendMessage",', n, "{"),
     "long string": lambda n: _repeat_to("x", n, '{"params":"'),
     "long unicode escapes": lambda n: _repeat_to("\\u00e9", n, '{"params":"'),
@@ -149,11 +156,18 @@ SHAPES: dict[str, Callable[[int], bytes]] = {
 
 
 def _best_of(fn: Callable[[], object], reps: int = 5) -> float:
+    """The fastest of ``reps`` runs, with the garbage collector paused: a collection that the
+    parse's own allocations trigger costs in proportion to every object alive, which is not
+    the parser's time."""
     best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+    gc.disable()
+    try:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        gc.enable()
     return best
 
 
@@ -165,8 +179,8 @@ def assert_linear(parse: Callable[[bytes], object], shape: Callable[[int], bytes
     t_large = _best_of(lambda: parse(large))
     t_small = _best_of(lambda: [parse(small) for _ in range(8)])
     assert t_large < 0.050, f"{t_large * 1e3:.1f} ms for 64 KiB"
-    # Below 2 ms the ratio is timer noise; above it, it must look linear.
-    assert t_large < 0.002 or t_large < 3 * t_small, (t_large, t_small)
+    # Below 3 ms the ratio is the machine's noise; above it, it must look linear.
+    assert t_large < 0.003 or t_large < 3 * t_small, (t_large, t_small)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))

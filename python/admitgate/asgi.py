@@ -8,21 +8,34 @@ agent card, UIs, custom routes, ``lifespan``, WebSocket) passes through untouche
 
     app = AdmissionMiddleware(starlette_app, gate)
 
-What is A2A, under ``path_prefix``:
+What is A2A, under ``path_prefix``: exactly the endpoints the SDK's routes reach, decided as
+Starlette's router matches them (:mod:`admitgate._a2a_routes` holds the SDK's route table, in
+its order; ``tests/test_asgi_routes.py`` checks it against the real SDK routes in a real
+Starlette router). So a tenant named ``tasks`` (``POST /tasks/message:send`` is that tenant's
+``SendMessage``), or ``v1``, or ``message:send``, is classified as the SDK runs it, and so is a
+path with one final newline (``/message:send%0A``: Starlette's ``$`` matches before it).
 
-- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``jsonrpc_path``. The middleware reads
-  the start of the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses
-  it) to learn ``method`` and ``id``, then replays exactly those bytes, followed by the rest
-  of the stream, to the app. A body that does not end within the prefix is never buffered:
-  the middleware stops looking, treats the request as gated work and streams the rest
-  through.
-- **REST** (HTTP+JSON binding, transport ``"rest"``): ``/message:send``,
-  ``/message:stream``, ``/tasks``, ``/tasks/{id}``, ``/tasks/{id}:cancel``,
-  ``/tasks/{id}:subscribe``, ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and
-  ``/extendedAgentCard``, also under one leading tenant segment (``/{tenant}/message:send``)
-  and as the v0.3 compatibility routes under ``/v1/`` (``/v1/card`` included). The SDK's own
-  layout for ``create_rest_routes(path_prefix=P)``, ``/{tenant}P/message:send``, is matched
-  too.
+- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``path_prefix + jsonrpc_path`` (and to
+  the same path with or without a trailing ``/``, which Starlette redirects to it: an app
+  whose ``rpc_url`` differs by that slash is still gated). The middleware reads the start of
+  the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses it) to learn
+  ``method`` and ``id``, then replays exactly those bytes, followed by the rest of the
+  stream, to the app. A body that does not end within the prefix is not buffered whole: the
+  middleware stops looking, treats the request as gated work and streams the rest through.
+- **REST** (HTTP+JSON binding, transport ``"rest"``): the routes of ``create_rest_routes``:
+  ``/message:send``, ``/message:stream``, ``/tasks``, ``/tasks/{id}``,
+  ``/tasks/{id}:cancel``, ``/tasks/{id}:subscribe``,
+  ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and ``/extendedAgentCard``, the same
+  under the tenant mount (``/{tenant}/message:send``), and the v0.3 compatibility routes
+  under ``/v1/`` (``/v1/card`` included). With a ``path_prefix`` both layouts count: the
+  SDK's ``create_rest_routes(path_prefix=P)`` (``P/...`` and ``/{tenant}P/...``) and the
+  routes mounted at ``P`` (``P/...`` and ``P/{tenant}/...``); a request that is work in
+  either is gated. A path the router answers with 404, 405 or a redirect reaches no
+  endpoint and passes.
+
+The parsers of what the client sends (the path, the JSON-RPC body and its head) run in time
+linear in their input: ``tests/test_asgi_parsers.py`` bounds each on adversarial 64 KiB
+inputs. A body nested deeper than :mod:`json` follows is invalid here as it is to the app.
 
 Which requests are gated: with ``gate_methods="work"`` (the default) those that start or
 continue agent work: ``SendMessage``, ``SendStreamingMessage``, ``SubscribeToTask``, their
@@ -34,8 +47,13 @@ still be polled and told to stop. ``gate_methods="all"`` gates every A2A request
 broker does.
 
 A gated request holds its slot until its response body has been sent in full (an SSE stream:
-the whole stream) or the client disconnects, whichever comes first; a request still queued
-when its client disconnects leaves the queue. A refused request never reaches the app: it gets
+the whole stream) or the client disconnects, whichever comes first. A queued request keeps
+reading its body while it waits (up to ``max_peek_bytes`` more, kept for the app), because a
+client leaving shows only as ``receive()`` returning ``http.disconnect`` after the body's
+chunks: a client that leaves while queued, mid-upload or after it, withdraws at once (it frees
+its queue place, counts as ``cancelled``, never takes a slot and never reaches the app). An
+upload still flowing past that allowance is paused by back-pressure until admission; a client
+that leaves during that pause is seen when the app reads the body, and its slot is freed then. A refused request never reaches the app: it gets
 the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
 seconds (rounded up; omitted when there is no hint, i.e. for ``policy``), an
 ``admitgate-reason`` header with the reason (as the gRPC front door's trailer) and a body the
@@ -116,55 +134,73 @@ _REST_WORK: Final = WORK  # an A2A REST request that starts or continues work
 _JSONRPC: Final = JSONRPC  # a POST to the JSON-RPC endpoint; the body decides
 
 
-# JSON's own whitespace (json.loads skips exactly these four; ``\s`` would take more).
+# The head scan's tokens. JSON whitespace is exactly these four (``\s`` would take more); a
+# JSON string may not hold a raw control character.
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+_SCAN_VALUE = _DECODER.scan_once  # json's C scanner: (value, end); StopIteration if none
+# A key without escapes, with the colon after it: the usual member's key in one match.
+_PLAIN_KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
+_COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
+_AFTER_VALUE = re.compile(r"[ \t\n\r]*([,}])")
+# A JSON-RPC request has four members. Past this many the scan stops: the time spent per
+# member is then bounded by json's C scanner, not by the Python loop around it, and all a
+# head with more members loses is its refusal's "id" (then null, as JSON-RPC answers a
+# request whose id cannot be read).
+_MAX_HEAD_MEMBERS: Final = 64
 
 
 def _scan_head(head: bytes) -> tuple[object, object]:
     """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
 
-    Walks only the top-level object: each member's key and value are decoded by ``json``'s
-    own C scanner (``raw_decode``), so a nested ``"method"`` inside ``params`` is never taken
-    for the request's and a value found is exactly what ``json.loads`` would give. A member
-    not found in ``head`` is ``None``. Only the refusal's ``id`` is taken from it: a request
-    whose body does not fit the prefix is gated whatever its method says.
+    Walks only the top-level object, so a nested ``"method"`` inside ``params`` is never taken
+    for the request's; every value is decoded by ``json``'s own C scanner, so a value found is
+    exactly what ``json.loads`` gives (the last of duplicate keys wins, as there). A member
+    not found in ``head`` (or past the first ``_MAX_HEAD_MEMBERS``) is ``None``. Only the
+    refusal's ``id`` is taken from it: a request whose body does not fit the prefix is gated
+    whatever its method says.
 
-    Linear time, whatever the bytes: each member is decoded once, from where the previous one
-    ended, and the walk stops at the first member that does not end inside ``head`` (a cut,
-    or invalid JSON), so no character is looked at again after a failure. ``raw_decode`` is
-    itself a single pass (its error path included) and gives up past the interpreter's
-    recursion limit instead of descending into deeper nesting.
+    Linear time, whatever the bytes. Invariant: ``i`` only moves forward; each step consumes
+    one member from ``i`` with a fixed number of single-pass matches (the regular expressions
+    above match a fixed shape and cannot backtrack past the member they are on; json's
+    scanner is one pass, its error path included, and gives up past the interpreter's
+    recursion limit instead of descending into deeper nesting); and the walk stops at the
+    first member that does not end inside ``head`` (a cut, or invalid JSON), so nothing is
+    looked at again after a failure.
     """
     text = head.decode("utf-8", "replace")
     found: dict[str, object] = {}
-    size = len(text)
     i = _WS.match(text).end()  # type: ignore[union-attr]
     if not text.startswith("{", i):
         return None, None
     i += 1
-    while True:
-        i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        if not text.startswith('"', i):
-            break
+    for _ in range(_MAX_HEAD_MEMBERS):
         try:
-            key, i = _DECODER.raw_decode(text, i)
-            i = _WS.match(text, i).end()  # type: ignore[union-attr]
-            if not text.startswith(":", i):
-                break
-            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-            value, i = _DECODER.raw_decode(text, i)
-        except (ValueError, RecursionError):  # cut by the prefix, invalid, or nested too deep
+            plain = _PLAIN_KEY.match(text, i)
+            if plain is not None:
+                key: object = plain.group(1)
+                i = plain.end()
+            else:  # a key with escapes ("\u006dethod" is "method"), or not a key at all
+                i = _WS.match(text, i).end()  # type: ignore[union-attr]
+                if not text.startswith('"', i):
+                    break
+                key, i = _SCAN_VALUE(text, i)
+                colon = _COLON.match(text, i)
+                if colon is None:
+                    break
+                i = colon.end()
+            value, i = _SCAN_VALUE(text, i)
+        except (StopIteration, ValueError, RecursionError):  # cut, invalid, or nested too deep
             break
-        i = _WS.match(text, i).end()  # type: ignore[union-attr]
         # Only a value followed by "," or "}" is whole: "12" or "1." may be a cut "12.5".
-        if i >= size or text[i] not in ",}":
+        after = _AFTER_VALUE.match(text, i)
+        if after is None:
             break
         if key == "method" or key == "id":
-            found[key] = value  # as json.loads: the last of duplicate keys wins
-        if text[i] == "}":
+            found[key] = value  # type: ignore[index]
+        if after.group(1) == "}":
             break
-        i += 1
+        i = after.end()
     return found.get("method"), found.get("id")
 
 
@@ -303,7 +339,8 @@ class AdmissionMiddleware:
             the gate's hint (``AdmissionRejected.retry_after``), and sends no header when
             the gate has none.
         max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
-            method and ``id``.
+            method and ``id``; also how much more of a queued request's body is read (and
+            kept) while it waits, to see its client leave.
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
