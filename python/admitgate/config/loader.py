@@ -114,10 +114,10 @@ class _Validator:
         value = found.value
         if isinstance(value, str) and len(value) > SHOWN_CHARS:
             reason = f"{name} must be {_EXPECTED[name]}, not a string of {len(value)} characters"
-        elif isinstance(value, str) and "@" in value:
+        elif isinstance(value, str) and ("@" in value or "://" in value):
             # Never valid here, and maybe a URL with a password: the gate's message would
             # show it whole.
-            reason = f"{name} must be {_EXPECTED[name]}, not a string with an @ in it"
+            reason = f"{name} must be {_EXPECTED[name]}, not a URL or an address"
         elif value is None or isinstance(value, (bool, int, float, str)):
             return True
         else:

@@ -37,14 +37,6 @@ SETTING_NAMES = (
 #: The most characters of a value (or of a YAML error) a message shows.
 SHOWN_CHARS = 80
 
-# Lists and mappings are shown a few levels and items deep: a file's value may be an alias
-# bomb, whose full repr would never end.
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxlevel = 3
-_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 4
-_SHORT_REPR.maxstring = _SHORT_REPR.maxother = SHOWN_CHARS
-_SHORT_REPR.maxlong = 40
-
 
 def clip(text: str, limit: int = SHOWN_CHARS) -> str:
     """``text``, or its start and how long it was when longer than ``limit``."""
@@ -54,15 +46,33 @@ def clip(text: str, limit: int = SHOWN_CHARS) -> str:
 
 
 def hide_user_info(text: str) -> str:
-    """``text`` with everything before its last ``@`` (after a leading ``scheme://``) replaced
-    by ``***``: a value may be a URL whose password holds ``/``, ``?``, ``#`` or ``@``, so
-    the user-info is taken to run to the last ``@``, as admitgate's fleet limit redacts it."""
+    """``text`` with what may be a URL's user-info replaced by ``***``: after a leading
+    ``scheme://``, everything up to the last ``@`` (a password may hold ``/``, ``?``, ``#`` or
+    ``@``, as admitgate's fleet limit redacts it), or everything when there is no ``@`` (a URL
+    that does not parse may hold its password anywhere); without a scheme, everything before
+    the last ``@``."""
     at = text.rfind("@")
-    if at < 0:
-        return text
-    scheme_end = text.find("://", 0, at)
-    keep = scheme_end + 3 if scheme_end > 0 and text[:scheme_end].isalnum() else 0
-    return f"{text[:keep]}***{text[at:]}"
+    scheme_end = text.find("://")
+    if 0 < scheme_end and text[:scheme_end].isalnum():
+        keep = scheme_end + 3
+        return f"{text[:keep]}***{text[at:]}" if at > scheme_end else f"{text[:keep]}***"
+    return f"***{text[at:]}" if at >= 0 else text
+
+
+class _ShortRepr(reprlib.Repr):
+    """``reprlib.Repr`` that hides user-info in strings, at any depth."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        return super().repr_str(hide_user_info(x), level)
+
+
+# Lists and mappings are shown a few levels and items deep: a file's value may be an alias
+# bomb, whose full repr would never end.
+_SHORT_REPR = _ShortRepr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 4
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = SHOWN_CHARS
+_SHORT_REPR.maxlong = 40
 
 
 def show_value(value: Any) -> str:
