@@ -345,7 +345,7 @@ def test_any_retry_after_is_parsed_quickly_or_refused(hint: str) -> None:
     """Every header value gives a finite delay >= 0 or no hint, in well under a few ms; a
     delay is given only for ASCII digits or an HTTP date with a time zone. Through the
     transport, an unusable hint returns the refusal as it is."""
-    response = httpx.Response(429, headers={"retry-after": hint.encode()})
+    response = httpx.Response(429, headers={b"retry-after": hint.encode()})
     started = time.perf_counter()
     delay = _retry_after(response)
     elapsed = time.perf_counter() - started
@@ -358,7 +358,7 @@ def test_any_retry_after_is_parsed_quickly_or_refused(hint: str) -> None:
         assert delay == int(stripped)
 
     def refuse(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(429, headers={"retry-after": hint.encode()}, content=b"no")
+        return httpx.Response(429, headers={b"retry-after": hint.encode()}, content=b"no")
 
     async def main() -> None:
         t = RetryingTransport(httpx.MockTransport(refuse), deadline_s=0.0, max_retries=1)
@@ -377,7 +377,7 @@ def test_a_hostile_content_length_is_not_read() -> None:
         def refuse(request: httpx.Request) -> httpx.Response:
             return httpx.Response(
                 429,
-                headers={"retry-after": "0", "content-length": length.encode()},
+                headers={b"retry-after": b"0", b"content-length": length.encode()},
                 content=json.dumps(RPC_REFUSAL).encode(),
             )
 

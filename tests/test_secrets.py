@@ -78,6 +78,7 @@ def test_no_password_in_errors_reprs_or_stats(password: str) -> None:
             continue
         assert_hidden(repr(limit), str(limit), limit.url, json.dumps(limit.stats()))
         gate = admitgate.build_admission_gate(max_concurrent_runs=2, fleet=limit)
+        assert gate is not None
         assert_hidden(repr(gate), repr(gate.fleet), json.dumps(gate.stats(), default=str))
     # Valid settings with one bad one: the message names that one, never the URL's password.
     encoded = urls(password)[0]
