@@ -137,7 +137,7 @@ class Router:
                     alternatives.append(f"(^{_path_regex(path)}$)")
                     ordered.append((order, kind))
             pattern = re.compile("|".join(alternatives)) if alternatives else None
-            self._by_method[method] = (exact, tuple(heads), pattern, tuple(ordered))
+            self._by_method[method] = (exact, tuple(dict.fromkeys(heads)), pattern, tuple(ordered))
         self._mount: re.Pattern[str] | None = None
         self._inner: Router | None = None
         if mount is not None:
@@ -148,7 +148,7 @@ class Router:
     def kind(self, method: str, path: str, root_path: str) -> int:
         """What the endpoint this router reaches for ``method path`` does (:data:`PASS` when
         it reaches none)."""
-        rpath = route_path(path, root_path)
+        rpath = route_path(path, root_path) if root_path else path
         table = self._by_method.get(method)
         if table is not None:
             exact, heads, pattern, ordered = table

@@ -138,7 +138,8 @@ _JSONRPC: Final = JSONRPC  # a POST to the JSON-RPC endpoint; the body decides
 # JSON string may not hold a raw control character.
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
-_SCAN_VALUE = _DECODER.scan_once  # json's C scanner: (value, end); StopIteration if none
+# json's C scanner (the one json.loads uses): (value, end); StopIteration if no value at all.
+_SCAN_VALUE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 # A key without escapes, with the colon after it: the usual member's key in one match.
 _PLAIN_KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
 _COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
@@ -395,15 +396,17 @@ class AdmissionMiddleware:
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         self._gate_all = gate_methods == "all"
-        self._routers: tuple[Router, ...] = sdk_routers(prefix, jsonrpc_path)
+        routers = sdk_routers(prefix, jsonrpc_path)
+        self._router: Router = routers[0]
+        self._mounted: Router | None = routers[1] if len(routers) > 1 else None
 
     # -- classification --------------------------------------------------------------------
 
     def _classify(self, method: str, path: str, root_path: str) -> int:
         """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
-        kind = _PASS
-        for router in self._routers:
-            kind = max(kind, router.kind(method, path, root_path))
+        kind = self._router.kind(method, path, root_path)
+        if self._mounted is not None:  # with a path_prefix: the stronger verdict of both layouts
+            kind = max(kind, self._mounted.kind(method, path, root_path))
         return kind
 
     # -- the ASGI entry point --------------------------------------------------------------
