@@ -95,6 +95,10 @@ HOSTILE: dict[str, tuple[str, str]] = {
         "max_concurrent_runs: *" + "x" * 100_000 + "\n",
         "not valid YAML: found undefined alias",
     ),
+    "a control character (the reader refused it before the loader's try)": (
+        "max_concurrent_runs: 4\x08\n",
+        "not valid YAML: unacceptable character #x0008",
+    ),
     "a small alias bomb, under the bounds, as a value": (
         alias_bomb(4, 6),
         "must be an integer, not a list",
@@ -215,3 +219,26 @@ def test_any_adversarial_shape_loads_or_is_refused_promptly(tmp_path: Path, text
     if error is not None:
         assert len(str(error)) < MESSAGE_CHARS, str(error)[:MESSAGE_CHARS]
         assert str(error).startswith(str(path))
+
+
+_YAMLISH = st.text(
+    st.sampled_from(list("[]{}:,-?&*!|>'\"#%@ \t\n.0123456789abkeymaxq_<=~\\")) | st.characters(),
+    max_size=400,
+)
+
+
+@given(text=_YAMLISH)
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_any_text_loads_or_raises_the_config_error(tmp_path: Path, text: str) -> None:
+    """Fuzz: whatever the bytes, the loader returns settings or raises ConfigError, nothing
+    else (a YAML library error, ValueError, RecursionError, TypeError...)."""
+    path = tmp_path / "gateway.yaml"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    elapsed, error = timed_load(path)
+    assert elapsed < BOUND_S
+    if error is not None:
+        assert len(str(error)) < MESSAGE_CHARS, str(error)[:MESSAGE_CHARS]

@@ -210,9 +210,11 @@ def read_document(path: str) -> Document:
         raise ConfigError(
             path, f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a gateway config is smaller"
         )
-    loader = _bounded_loader(yaml)(content)
+    loader = None
     duplicates: list[tuple[Block, str, int, int]] = []
     try:
+        # The reader checks the encoding and every character as it is made: inside the try.
+        loader = _bounded_loader(yaml)(content)
         node = loader.get_single_node()
         top_lines = _key_lines(yaml, node, "top", duplicates)
         gateway_node = None
@@ -233,7 +235,8 @@ def read_document(path: str) -> Document:
         # A backstop: MAX_DEPTH keeps PyYAML's recursion well inside the interpreter's.
         raise ConfigError(path, f"{path}: refused: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     # BotOS.from_config refuses the same files: ``if not raw or not isinstance(raw, dict)``.
     if not isinstance(data, dict):
         if data is None:
