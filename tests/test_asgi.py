@@ -775,6 +775,43 @@ def test_a_queued_upload_whose_client_leaves_never_runs(
     assert rejected(gate, "jsonrpc") == 0
 
 
+def test_an_upload_past_the_queued_allowance_is_paused_and_runs_nothing_once_gone(
+    env: Any, front: Any
+) -> None:
+    """The documented limit: a queued request reads at most max_peek_bytes more of its body
+    while it waits; past that its upload is paused, so a client leaving then is only seen at
+    admission. Even then no agent work runs, the slot is freed at once and counters add up."""
+    gate = new_gate(1, queue=1)
+    front(gate, max_peek_bytes=1024)
+    k = key()
+    request = rpc_send(key(), rpc_id="ghost")
+    request["params"]["pad"] = "p" * 20_000
+    body = json.dumps(request).encode()
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            before = env.executor.executions
+            _, ghost = await raw_upload(env, "/", body[:1500], len(body), "ghost")
+            await wait_until(lambda: gate.queued == 1)
+            ghost.write(body[1500:12_000])  # well past the 1024 bytes read while queued
+            await ghost.drain()
+            ghost.close()
+            await ghost.wait_closed()
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            await wait_until(lambda: gate.in_flight == 0 and gate.queued == 0)
+            ok = await c.post("/", json=jsonrpc("SendMessage", send_params("echo after")))
+            assert ok.status_code == 200
+            assert env.executor.executions - before == 1  # only "echo after" ran
+
+    run(main(), timeout=20)
+    assert counted(gate, "jsonrpc", 3)
+    assert gate.in_flight == 0 and gate.queued == 0
+    assert gate.admitted + gate.cancelled == 3  # the ghost either withdrew or ran nothing
+
+
 def test_a_queued_upload_is_read_while_it_waits_and_reaches_the_app_whole(
     env: Any, front: Any
 ) -> None:
