@@ -951,9 +951,9 @@ def test_any_pushback_is_parsed_quickly_or_refused(hint: str) -> None:
     its wire such values arrive normalised; another stack's trailers may not be.)"""
     trailers = (("admitgate-reason", "queue_full"), (PUSHBACK_TRAILER, hint))
     for raw in (trailers, ((k, v.encode("utf-8", "surrogatepass")) for k, v in trailers)):
-        started = time.perf_counter()
+        started = time.thread_time()
         delay = _pushback(grpc.StatusCode.RESOURCE_EXHAUSTED, raw)
-        assert time.perf_counter() - started < 0.005
+        assert time.thread_time() - started < 0.005
         if delay is not None:
             assert math.isfinite(delay) and delay >= 0.0
             assert hint.isascii() and hint.isdigit()
