@@ -4,7 +4,8 @@ The examples are the files the documentation includes (``--8<-- "examples/NAME.p
 example that stops working fails here, and one that no page shows fails too. The one-shot
 examples start together in subprocesses (they spend most of their time sleeping or waiting on
 a server), each test then reads its own; the servers are started on a free loopback port,
-checked to answer, and stopped with Ctrl-C (SIGINT), as a person would.
+checked to answer, and stopped with Ctrl-C (SIGINT), as a person would, or with SIGTERM, as an
+orchestrator would.
 """
 
 from __future__ import annotations
@@ -186,8 +187,9 @@ def _grpc_up(port: int) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("name", SERVERS)
-def test_server_example_serves_on_loopback_and_stops_on_ctrl_c(name):
+def test_server_example_serves_on_loopback_and_stops_on_a_signal(name, signum):
     port = free_port()
     process = start(name, ADMITGATE_EXAMPLE_PORT=str(port))
     try:
@@ -197,7 +199,7 @@ def test_server_example_serves_on_loopback_and_stops_on_ctrl_c(name):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, f"{name} did not answer on port {port}"
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         out, err = process.communicate(timeout=10)
     finally:
         if process.poll() is None:
