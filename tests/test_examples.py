@@ -205,7 +205,9 @@ def test_server_example_serves_on_loopback_and_stops_on_a_signal(name, signum):
         if process.poll() is None:
             process.kill()
             process.communicate()
-    assert process.returncode == 0, f"{name} exited {process.returncode}\n{out}\n{err}"
+    # uvicorn re-raises the signal once its graceful shutdown is done, so its exit status says
+    # which signal stopped it.
+    assert process.returncode in (0, -signum), f"{name} exited {process.returncode}\n{out}\n{err}"
     assert "Traceback" not in err, err
 
 
