@@ -229,7 +229,7 @@ _YAMLISH = st.text(
 
 @given(text=_YAMLISH)
 @settings(
-    max_examples=300,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -68,7 +68,7 @@ def fleet_limit(url: str, **kwargs: Any) -> admitgate.FleetLimit:
 
 
 @given(password=passwords())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_no_password_in_errors_reprs_or_stats(password: str) -> None:
     for url in urls(password):
         try:
@@ -190,7 +190,7 @@ _CONFIG_TEXTS = (
     text=st.sampled_from(_CONFIG_TEXTS),
 )
 @settings(
-    max_examples=100,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
