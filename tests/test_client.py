@@ -74,6 +74,8 @@ class Scripted:
                 query.get("marker", ""), {"plain": True}
             )
             content = json.dumps(payload).encode()
+            if query.get("marker") == "deep":  # 16,000 nested arrays: json.loads recurses
+                content = b"[" * 16_000
             headers = [(b"content-type", b"application/json")]
             if query.get("gzip"):
                 content = gzip.compress(content)
@@ -381,6 +383,19 @@ def test_any_retry_after_is_parsed_quickly_or_refused(hint: str) -> None:
         response = await call(t, "GET", "http://127.0.0.1:9/x")
         assert response.status_code == 429 and t.retries == 0
         assert response.content == b"no"
+
+    run(main())
+
+
+def test_a_deeply_nested_refusal_body_is_returned_as_is(server: ServerThread) -> None:
+    """A small body (under 16 KiB) of 16,000 nested arrays: json.loads raised RecursionError
+    (not ValueError) out of the transport. Not JSON it can use: the refusal comes back."""
+
+    async def main() -> None:
+        t = transport()
+        response = await call(t, "POST", url(server, refuse=1, ra=0, marker="deep"), content=b"{}")
+        assert response.status_code == 429 and t.retries == 0
+        assert response.content == b"[" * 16_000
 
     run(main())
 
