@@ -228,7 +228,7 @@ def _rooted(root_path: str, path: str, under: bool) -> str:
 
 
 @given(method=st.sampled_from(METHODS), path=_PATHS, root_path=_ROOTS, under=st.booleans())
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_classification_matches_the_sdk_router(
     root: Oracle, method: str, path: str, root_path: str, under: bool
 ) -> None:
@@ -289,7 +289,7 @@ PREFIX_RPC_TWINS = frozenset({"/a2a", "/a2a\n"})
 
 
 @given(method=st.sampled_from(METHODS), path=_PATHS, prefix=st.booleans())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_under_a_prefix_work_in_either_layout_is_gated(
     prefixed: tuple[Oracle, Oracle], method: str, path: str, prefix: bool
 ) -> None:
