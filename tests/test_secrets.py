@@ -92,7 +92,7 @@ def test_no_password_in_errors_reprs_or_stats(password: str) -> None:
 
 def test_the_reported_password_with_a_slash() -> None:
     """Issue 15: ``'redis://:Zm9v/YmFy+cXV4@127.0.0.1:6379/0'`` came back whole in the error."""
-    with pytest.raises(ValueError, match="^url is not a valid Redis URL") as caught:
+    with pytest.raises(ValueError, match=r"^url has an @ after a /, \? or #") as caught:
         fleet_limit("redis://:Zm9v/YmFy+cXV4@127.0.0.1:6379/0")
     message = str(caught.value)
     for piece in ("Zm9v", "YmFy", "cXV4"):
@@ -100,6 +100,16 @@ def test_the_reported_password_with_a_slash() -> None:
     assert "percent-encode" in message and "not shown" in message
     limit = fleet_limit("redis://:Zm9v%2FYmFy%2BcXV4@127.0.0.1:6379/0")
     assert limit.url == "redis://:***@127.0.0.1:6379/0"
+
+
+def test_an_unescaped_delimiter_before_the_last_at_is_refused() -> None:
+    """``redis://tok?en@h`` parses with host ``tok`` and no password: the driver would dial
+    (and print) a piece of the token. An @ after a / ? or # is refused with the fix."""
+    for url in ("redis://tok?en@127.0.0.1", "redis://admin:pa/ss@127.0.0.1:6379/0"):
+        with pytest.raises(ValueError, match=r"^url has an @ after a /, \? or #") as caught:
+            fleet_limit(url)
+        assert "tok" not in str(caught.value) and "pa/ss" not in str(caught.value)
+        assert "percent-encode" in str(caught.value)
 
 
 def _records(caplog: pytest.LogCaptureFixture) -> list[str]:
