@@ -485,6 +485,33 @@ def test_tenant_named_like_a_route_is_still_capped(env: Any, front: Any, path: s
     assert rejected(gate, "rest") == 1 and gate.transport_stats()["rest"]["admitted"] == 1
 
 
+def test_a_body_nested_too_deep_to_read_is_gated(env: Any, front: Any) -> None:
+    """A body json cannot follow on the middleware's stack may still parse in the app (on a
+    shallower stack, as in a task of its own), so it is gated, never passed. Fails before the
+    fix: first the RecursionError escaped the middleware (a 500), then such a body passed as
+    "not work"."""
+    gate = new_gate(1)
+    front(gate)
+    k = key()
+    deep = "[" * 3000 + "]" * 3000
+    body = json.dumps(jsonrpc("SendMessage", send_params("echo deep"), "deep"))
+    body = body[:-1] + ', "nested": ' + deep + "}"
+    assert len(body) < 65536
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            refused = await c.post("/", content=body)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["id"] == "deep"
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+
+    run(main(), timeout=20)
+    assert rejected(gate, "jsonrpc") == 1
+
+
 def test_sdk_client_sees_the_refusal(env: Any, front: Any) -> None:
     from a2a.client import A2AClientError, ClientConfig, create_client
     from a2a.types import Message, Part, Role, SendMessageRequest

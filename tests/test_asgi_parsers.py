@@ -12,8 +12,8 @@ Checked here:
   wrong value in a cut one;
 - every parser, on every adversarial shape, scans 64 KiB within a bound and scales linearly
   (64 KiB against eight times 8 KiB);
-- nesting deeper than ``json`` follows is an invalid body, not an exception out of the
-  middleware.
+- nesting deeper than ``json`` follows is an unreadable body (which the middleware gates),
+  not an exception out of the middleware.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import admitgate
 import pytest
-from admitgate.asgi import AdmissionMiddleware, _parse, _scan_head
+from admitgate.asgi import _TOO_DEEP, AdmissionMiddleware, _parse, _scan_head
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,12 +110,13 @@ def test_scan_head_edge_cases() -> None:
 # -- nesting deeper than json follows ---------------------------------------------------------
 
 
-def test_nesting_deeper_than_json_follows_is_invalid_not_an_error() -> None:
+def test_nesting_deeper_than_json_follows_is_unreadable_not_an_error() -> None:
     """Fails before the fix: json raised RecursionError out of _parse and _scan_head, so the
-    middleware raised instead of handing the app a body it cannot parse either."""
+    middleware raised (a 500) instead of deciding."""
     deep = b"[" * 5000
-    assert _parse(deep) is None
-    assert _parse(b'{"method": "SendMessage", "params": ' + deep) is None
+    assert _parse(deep) is _TOO_DEEP
+    assert _parse(b'{"method": "SendMessage", "params": ' + deep) is _TOO_DEEP
+    assert _parse(b"[" * 50 + b"]" * 50) == json.loads(b"[" * 50 + b"]" * 50)
     assert _scan_head(b'{"id": 5, "params": ' + deep) == (None, 5)
     assert _scan_head(b'{"id": ' + deep) == (None, None)
 

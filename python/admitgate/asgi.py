@@ -35,7 +35,8 @@ path with one final newline (``/message:send%0A``: Starlette's ``$`` matches bef
 
 The parsers of what the client sends (the path, the JSON-RPC body and its head) run in time
 linear in their input: ``tests/test_asgi_parsers.py`` bounds each on adversarial 64 KiB
-inputs. A body nested deeper than :mod:`json` follows is invalid here as it is to the app.
+inputs. A JSON-RPC body nested deeper than :mod:`json` can follow on the middleware's stack
+is gated as work: the app may parse it on a shallower stack, where it would be readable.
 
 Which requests are gated: with ``gate_methods="work"`` (the default) those that start or
 continue agent work: ``SendMessage``, ``SendStreamingMessage``, ``SubscribeToTask``, their
@@ -271,9 +272,23 @@ async def _wait_unless_gone(
     return True
 
 
+class _TooDeep:
+    """What :func:`_parse` returns for JSON nested deeper than ``json`` follows here."""
+
+
+_TOO_DEEP: Final = _TooDeep()
+
+
 def _parse(body: bytes) -> object:
     """``json.loads(body)``, exactly as the A2A SDK parses the request (Starlette's
-    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid."""
+    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid,
+    :data:`_TOO_DEEP` if nested deeper than ``json`` follows on this stack.
+
+    Too deep is not invalid: ``json``'s limit is the interpreter's recursion limit minus the
+    stack already in use, and the app may parse on a shallower stack than this middleware's
+    (in a task of its own, as under Starlette's ``BaseHTTPMiddleware``), where the same body
+    parses. So the caller treats it as a body it could not read, and gates it.
+    """
     try:
         # json.loads(bytes) detects UTF-16/32 from the first two bytes; a body starting with
         # "{" and a non-NUL byte is UTF-8 to it, so decoding here is the same, minus the probe.
@@ -285,11 +300,10 @@ def _parse(body: bytes) -> object:
                 return None
             return value
         return json.loads(body)
-    except (ValueError, RecursionError):
-        # ValueError includes UnicodeDecodeError and JSONDecodeError. RecursionError: nested
-        # deeper than json can follow here, so also where the app parses it (further down the
-        # same stack), so the app cannot run it either.
+    except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
         return None
+    except RecursionError:
+        return _TOO_DEEP
 
 
 def _check_retry_after(retry_after: object) -> float | None:
@@ -474,11 +488,14 @@ class AdmissionMiddleware:
                     rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
                 else:
                     request = _parse(body)
-                    method = None
-                    if type(request) is dict:
-                        method = request.get("method")
-                        rpc_id = request.get("id")
-                    gated = self._gate_all or method in _WORK_METHODS
+                    if request is _TOO_DEEP:  # unreadable here, maybe not to the app: gated
+                        rpc_id = _scan_head(body)[1]
+                    else:
+                        method = None
+                        if type(request) is dict:
+                            method = request.get("method")
+                            rpc_id = request.get("id")
+                        gated = self._gate_all or method in _WORK_METHODS
 
             if not gated:
 
