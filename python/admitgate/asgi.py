@@ -54,11 +54,13 @@ client leaving shows only as ``receive()`` returning ``http.disconnect`` after t
 chunks: a client that leaves while queued, mid-upload or after it, withdraws at once (it frees
 its queue place, counts as ``cancelled``, never takes a slot and never reaches the app). An
 upload still flowing past that allowance is paused by back-pressure until admission; a client
-that leaves during that pause is seen when the app reads the body, and its slot is freed then. A refused request never reaches the app: it gets
-the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
-seconds (rounded up; omitted when there is no hint, i.e. for ``policy``), an
-``admitgate-reason`` header with the reason (as the gRPC front door's trailer) and a body the
-A2A SDK's client understands: for JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
+that leaves during that pause is seen when the app reads the body, and its slot is freed then.
+
+A refused request never reaches the app: it gets the HTTP status of
+:data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole seconds (rounded
+up; omitted when there is no hint, i.e. for ``policy``), an ``admitgate-reason`` header with
+the reason (as the gRPC front door's trailer) and a body the A2A SDK's client understands: for
+JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
 :data:`JSONRPC_REJECTED_CODE` (-32029), for REST the SDK's REST error shape
 (``google.rpc.Status`` with ``ErrorInfo`` of domain :data:`ERROR_DOMAIN` and ``RetryInfo``).
 
