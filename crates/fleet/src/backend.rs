@@ -14,6 +14,21 @@ use tokio::runtime::Handle;
 
 use crate::config::{url_secrets, ConfigError, FleetConfig};
 
+/// Attempts of one call while Redis answers PING but not the call itself in time.
+pub(crate) const SLOW_ATTEMPTS: u32 = 3;
+
+/// How late a timer may fire before the process is taken to have been paused (not scheduled).
+const PAUSE_SLACK: Duration = Duration::from_millis(100);
+
+/// Whether a driver error leaves Redis possibly alive but slow: a response timeout, or a
+/// BUSY (a long script is running) or LOADING reply. Anything else (a connection error, a
+/// script error) is a failure.
+fn is_slow(e: &redis::RedisError) -> bool {
+    e.is_timeout()
+        || e.code()
+            .is_some_and(|code| code == "BUSY" || code == "LOADING")
+}
+
 /// A failed call: what went wrong, without secrets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Failure(pub(crate) String);
@@ -93,10 +108,18 @@ impl Backend {
             .take();
     }
 
-    /// Runs one call on the connection, bounded by `connect_timeout + command_timeout` in all.
-    /// A call that finds its connection dropped (Redis restarted, a proxy closed it) is sent
-    /// once more on a fresh connection within the same bound, so a quick restart is not an
-    /// outage; every script is idempotent per lease id, so a repeat is harmless.
+    /// Runs one call on the connection. An attempt is bounded by `connect_timeout +
+    /// command_timeout`. A call that finds its connection dropped (Redis restarted, a proxy
+    /// closed it) is sent once more on a fresh connection within the same bound, so a quick
+    /// restart is not an outage.
+    ///
+    /// A slow reply is not a dead server: an attempt that times out (or finds Redis busy) is
+    /// followed by a PING on a fresh connection, bounded by `command_timeout`. Only a connection
+    /// error or a failed PING is a failure (an outage); an answered PING means Redis is alive
+    /// but slow, or this process was not scheduled (a pause, a stalled VM), and the call is sent
+    /// again, up to [`SLOW_ATTEMPTS`] attempts in all. Every script is idempotent per lease id,
+    /// so a repeat is harmless. A dead server therefore fails a call within
+    /// `connect_timeout + 2 × command_timeout`.
     pub(crate) async fn call<T, F, Fut>(&self, f: F) -> Result<T, Failure>
     where
         F: Fn(ConnectionManager) -> Fut,
@@ -105,19 +128,77 @@ impl Backend {
         // Both are validated (at most a minute each), so the sum never saturates; if it did,
         // `timeout` would take `Duration::MAX` as no bound at all.
         let bound = self.connect_timeout.saturating_add(self.command_timeout);
-        let attempts = async {
-            let first = f(self.connection()?).await;
-            match first {
-                Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
-                    self.reset();
-                    f(self.connection()?).await.map_err(|e| self.failure(&e))
+        let mut attempt = 1;
+        loop {
+            // Err(Ok(failure)): slow; Err(Err(failure)): failed.
+            let attempts = async {
+                let failed = |e: redis::RedisError| {
+                    if is_slow(&e) {
+                        Ok(self.failure(&e))
+                    } else {
+                        Err(self.failure(&e))
+                    }
+                };
+                let first = f(self.connection().map_err(Err)?).await;
+                match first {
+                    Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
+                        self.reset();
+                        f(self.connection().map_err(Err)?).await.map_err(failed)
+                    }
+                    other => other.map_err(failed),
                 }
-                other => other.map_err(|e| self.failure(&e)),
+            };
+            let slow = match tokio::time::timeout(bound, attempts).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(Err(failure))) => return Err(failure),
+                Ok(Err(Ok(slow))) => slow,
+                Err(_) => Failure(format!("no answer within {bound:?}")),
+            };
+            if attempt >= SLOW_ATTEMPTS {
+                return Err(Failure(format!(
+                    "{} (Redis answers PING but not this call, {SLOW_ATTEMPTS} times)",
+                    slow.0
+                )));
             }
-        };
-        match tokio::time::timeout(bound, attempts).await {
-            Ok(result) => result,
-            Err(_) => Err(Failure(format!("no answer within {bound:?}"))),
+            if let Err(dead) = self.ping().await {
+                return Err(Failure(format!("{}; then {}", slow.0, dead.0)));
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Whether Redis is alive: a PING on a fresh connection (not queued behind the shared
+    /// connection's pending calls), bounded by `command_timeout` in all. A reply, even an
+    /// error such as BUSY (a long script is running), means alive. A PING that timed out but
+    /// took far longer than its bound says this process was not scheduled meanwhile (paused,
+    /// or a stalled VM), which is not Redis' fault: it is tried once more.
+    async fn ping(&self) -> Result<(), Failure> {
+        let bound = self.command_timeout;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(bound))
+            .set_response_timeout(Some(bound));
+        let mut tries: u32 = 0;
+        loop {
+            tries = tries.saturating_add(1);
+            let started = Instant::now();
+            let ping = async {
+                let mut con = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                redis::cmd("PING").query_async::<String>(&mut con).await
+            };
+            match tokio::time::timeout(bound, ping).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) if !e.is_timeout() && is_slow(&e) => return Ok(()),
+                Ok(Err(e)) if !e.is_timeout() => return Err(self.failure(&e)),
+                _ => {}
+            }
+            let late = bound.saturating_add(bound.checked_div(2).unwrap_or_default());
+            let overslept = started.elapsed() > late.saturating_add(PAUSE_SLACK);
+            if !overslept || tries >= 2 {
+                return Err(Failure(format!("PING: no answer within {bound:?}")));
+            }
         }
     }
 
