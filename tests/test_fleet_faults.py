@@ -84,7 +84,6 @@ def test_a_pause_longer_than_the_command_timeout_is_not_an_outage(
     stats = paused.expect("loaded", timeout=20)["stats"]
     assert stats["fleet_outages"] == 0, stats
     assert stats["fleet_backend_up"] == 1, stats
-    assert stats["fleet_lease_lost"] == 0, stats
 
 
 def test_no_turn_starts_on_a_grant_that_expired_while_its_replica_was_paused(
@@ -212,6 +211,12 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
     at(redis_at)
     redis_down = time.monotonic()
     restartable.restart()
+    # Back once every live replica says so (its probe runs every second while Redis is down).
+    for proc in (restarted, procs["b"], procs["c"]):
+        wait_until(
+            lambda proc=proc: proc.ask({"cmd": "stats"}, "stats")["stats"]["fleet_backend_up"],
+            "every replica sees Redis again",
+        )
     redis_back = time.monotonic()
     at(pause_at)
     procs["b"].signal(signal.SIGSTOP)
@@ -244,14 +249,15 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
                 paused_running += 1
     assert answers > 500, answers
     # The cap held whenever everything was healthy: before the Redis restart (the kill only
-    # leaves the dead replica's leases to expire: fewer turns, never more), and from a second
-    # after Redis came back until the pause; then after the pause's stragglers ended.
-    healthy = [(began, redis_down), (redis_back + 1.0, paused), (woke + 0.5, began + duration)]
+    # leaves the dead replica's leases to expire: fewer turns, never more), and from half a
+    # second after every replica saw Redis again until the pause (the turns admitted locally
+    # meanwhile have ended: 80 ms at most); then after the pause's stragglers ended.
+    healthy = [(began, redis_down), (redis_back + 0.5, paused), (woke + 0.5, began + duration)]
     for start, end in healthy:
         peak = peak_within(intervals, start, end)
         assert peak <= cap, f"{peak} turns at once on a cap of {cap} in {start - began:.1f}-{end - began:.1f} s"
     # The Redis restart: each replica admits against its own ceiling while Redis is away.
-    peak = peak_within(intervals, redis_down, redis_back + 1.0)
+    peak = peak_within(intervals, redis_down, redis_back + 0.5)
     assert peak <= len(live) * cap, peak
     # The pause: only the turns that were running on the paused replica when it stopped run
     # over the cap (their leases expired and the room was taken); no turn starts on a grant

@@ -14,19 +14,16 @@ use tokio::runtime::Handle;
 
 use crate::config::{url_secrets, ConfigError, FleetConfig};
 
-/// Attempts of one call while Redis answers PING but not the call itself in time.
-pub(crate) const SLOW_ATTEMPTS: u32 = 3;
-
 /// How late a timer may fire before the process is taken to have been paused (not scheduled).
 const PAUSE_SLACK: Duration = Duration::from_millis(100);
 
-/// Whether a driver error leaves Redis possibly alive but slow: a response timeout, or a
-/// BUSY (a long script is running) or LOADING reply. Anything else (a connection error, a
-/// script error) is a failure.
-fn is_slow(e: &redis::RedisError) -> bool {
-    e.is_timeout()
-        || e.code()
-            .is_some_and(|code| code == "BUSY" || code == "LOADING")
+/// The pause before a call that found Redis busy (BUSY, LOADING) is sent again.
+const BUSY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether Redis refused the call because it is busy (a long script is running) or loading its
+/// data: it is alive and the call did not run.
+fn is_busy(e: &redis::RedisError) -> bool {
+    e.code().is_some_and(|code| code == "BUSY" || code == "LOADING")
 }
 
 /// A failed call: what went wrong, without secrets.
@@ -42,6 +39,8 @@ pub(crate) struct Backend {
     handle: Handle,
     connect_timeout: Duration,
     command_timeout: Duration,
+    /// How long a call waits for a Redis that answers PING: `lease_ttl`.
+    budget: Duration,
     secrets: Vec<String>,
     up: AtomicBool,
     down_since: Mutex<Option<Instant>>,
@@ -53,7 +52,9 @@ impl Backend {
         let client = build_client(config)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.command_timeout))
+            // The call's own timers decide what a slow reply means (see `call`); the driver
+            // only ends a call that nobody could still want.
+            .set_response_timeout(Some(config.lease_ttl.saturating_add(config.connect_timeout)))
             // One dial per call: the outage logic, not the driver, decides when to try again.
             .set_number_of_retries(0);
         Ok(Backend {
@@ -63,6 +64,7 @@ impl Backend {
             handle,
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            budget: config.lease_ttl,
             secrets: url_secrets(&config.url),
             up: AtomicBool::new(true),
             down_since: Mutex::new(None),
@@ -108,18 +110,21 @@ impl Backend {
             .take();
     }
 
-    /// Runs one call on the connection. An attempt is bounded by `connect_timeout +
+    /// Runs one call on the connection. Its first answer is awaited for `connect_timeout +
     /// command_timeout`. A call that finds its connection dropped (Redis restarted, a proxy
-    /// closed it) is sent once more on a fresh connection within the same bound, so a quick
-    /// restart is not an outage.
+    /// closed it) is sent once more on a fresh connection, so a quick restart is not an outage.
     ///
-    /// A slow reply is not a dead server: an attempt that times out (or finds Redis busy) is
-    /// followed by a PING on a fresh connection, bounded by `command_timeout`. Only a connection
-    /// error or a failed PING is a failure (an outage); an answered PING means Redis is alive
-    /// but slow, or this process was not scheduled (a pause, a stalled VM), and the call is sent
-    /// again, up to [`SLOW_ATTEMPTS`] attempts in all. Every script is idempotent per lease id,
-    /// so a repeat is harmless. A dead server therefore fails a call within
-    /// `connect_timeout + 2 × command_timeout`.
+    /// A slow reply is not a dead server. When the first bound passes without an answer, a
+    /// PING on a fresh connection (with the same bound) asks whether Redis is alive, while the
+    /// call keeps waiting for its own reply (it is never sent twice: a busy server is not given
+    /// more work). Only a connection error or an unanswered PING is a failure (an outage). An
+    /// answered PING means Redis is alive but busy, or this process was not scheduled (a
+    /// pause, a stalled VM, a starved CPU): the call waits on, asking again every bound, for at
+    /// most `lease_ttl` in all (past that a lease could not be kept alive anyway). A BUSY or
+    /// LOADING reply (the script did not run) is sent again after a short pause, within the
+    /// same budget. A server that accepts connections but never answers therefore fails a call
+    /// within `2 × (connect_timeout + command_timeout)`; a refused or reset connection fails
+    /// it at once.
     pub(crate) async fn call<T, F, Fut>(&self, f: F) -> Result<T, Failure>
     where
         F: Fn(ConnectionManager) -> Fut,
@@ -128,54 +133,68 @@ impl Backend {
         // Both are validated (at most a minute each), so the sum never saturates; if it did,
         // `timeout` would take `Duration::MAX` as no bound at all.
         let bound = self.connect_timeout.saturating_add(self.command_timeout);
-        let mut attempt = 1;
+        let started = Instant::now();
         loop {
-            // Err(Ok(failure)): slow; Err(Err(failure)): failed.
             let attempts = async {
-                let failed = |e: redis::RedisError| {
-                    if is_slow(&e) {
-                        Ok(self.failure(&e))
-                    } else {
-                        Err(self.failure(&e))
-                    }
+                // Ok(Err(failure)): Redis is busy and the call did not run.
+                let sort = |answer: RedisResult<T>| match answer {
+                    Ok(value) => Ok(Ok(value)),
+                    Err(e) if is_busy(&e) => Ok(Err(self.failure(&e))),
+                    Err(e) => Err(self.failure(&e)),
                 };
-                let first = f(self.connection().map_err(Err)?).await;
+                let first = f(self.connection()?).await;
                 match first {
                     Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
                         self.reset();
-                        f(self.connection().map_err(Err)?).await.map_err(failed)
+                        sort(f(self.connection()?).await)
                     }
-                    other => other.map_err(failed),
+                    other => sort(other),
                 }
             };
-            let slow = match tokio::time::timeout(bound, attempts).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(Err(failure))) => return Err(failure),
-                Ok(Err(Ok(slow))) => slow,
-                Err(_) => Failure(format!("no answer within {bound:?}")),
+            tokio::pin!(attempts);
+            let answer = loop {
+                match tokio::time::timeout(bound, &mut attempts).await {
+                    Ok(answer) => break answer,
+                    Err(_) if started.elapsed() >= self.budget => {
+                        return Err(Failure(format!(
+                            "no answer within {:?} although Redis answers PING",
+                            self.budget
+                        )));
+                    }
+                    Err(_) => {
+                        // Is Redis alive? The call may answer meanwhile, which settles it.
+                        tokio::select! {
+                            answer = &mut attempts => break answer,
+                            alive = self.ping() => if let Err(dead) = alive {
+                                return Err(Failure(format!(
+                                    "no answer within {bound:?}; then {}", dead.0
+                                )));
+                            },
+                        }
+                    }
+                }
             };
-            if attempt >= SLOW_ATTEMPTS {
-                return Err(Failure(format!(
-                    "{} (Redis answers PING but not this call, {SLOW_ATTEMPTS} times)",
-                    slow.0
-                )));
+            match answer {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(_)) if started.elapsed() < self.budget => {
+                    // The script did not run: Redis is busy with another one, or loading.
+                    tokio::time::sleep(BUSY_PAUSE.min(self.command_timeout)).await;
+                }
+                Ok(Err(busy)) => return Err(busy),
+                Err(failure) => return Err(failure),
             }
-            if let Err(dead) = self.ping().await {
-                return Err(Failure(format!("{}; then {}", slow.0, dead.0)));
-            }
-            attempt = attempt.saturating_add(1);
         }
     }
 
     /// Whether Redis is alive: a PING on a fresh connection (not queued behind the shared
-    /// connection's pending calls), bounded by `command_timeout` in all. A reply, even an
+    /// connection's pending calls), bounded by `connect_timeout + command_timeout` in all. A reply, even an
     /// error such as BUSY (a long script is running), means alive. A PING that timed out but
     /// took far longer than its bound says this process was not scheduled meanwhile (paused,
     /// or a stalled VM), which is not Redis' fault: it is tried once more.
     async fn ping(&self) -> Result<(), Failure> {
-        let bound = self.command_timeout;
+        let bound = self.connect_timeout.saturating_add(self.command_timeout);
         let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(bound))
+            .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(bound));
         let mut tries: u32 = 0;
         loop {
@@ -190,7 +209,7 @@ impl Backend {
             };
             match tokio::time::timeout(bound, ping).await {
                 Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) if !e.is_timeout() && is_slow(&e) => return Ok(()),
+                Ok(Err(e)) if is_busy(&e) => return Ok(()),
                 Ok(Err(e)) if !e.is_timeout() => return Err(self.failure(&e)),
                 _ => {}
             }
