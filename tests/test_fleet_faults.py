@@ -255,7 +255,9 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
     healthy = [(began, redis_down), (redis_back + 0.5, paused), (woke + 0.5, began + duration)]
     for start, end in healthy:
         peak = peak_within(intervals, start, end)
-        assert peak <= cap, f"{peak} turns at once on a cap of {cap} in {start - began:.1f}-{end - began:.1f} s"
+        assert peak <= cap, (
+            f"{peak} turns at once on a cap of {cap} in {start - began:.1f}-{end - began:.1f} s"
+        )
     # The Redis restart: each replica admits against its own ceiling while Redis is away.
     peak = peak_within(intervals, redis_down, redis_back + 0.5)
     assert peak <= len(live) * cap, peak
