@@ -122,6 +122,7 @@ def test_no_turn_starts_on_a_grant_that_expired_while_its_replica_was_paused(
     assert peak <= 4, f"{peak} turns at once on a cap of 4 after the pause"
     assert all(t["start"] > woke for t in mine), "nothing ran while paused"
     stats = paused.ask({"cmd": "stats"}, "stats")["stats"]
+    print(f"peak {peak} on a cap of 4; lost grants counted: {stats['fleet_lease_lost']}")
     assert (stats["fleet_outages"], stats["fleet_replica_held"]) == (0, 0), stats
 
 
@@ -153,6 +154,7 @@ def test_a_killed_replicas_tickets_stop_receiving_room_within_a_command_timeout(
     other.ask({"cmd": "release"}, "released")
     turns = other.expect("turns", timeout=20)["turns"]
     first = min(t["start"] for t in turns) - released
+    print(f"the live replica's first waiting turn started {first:.3f} s after the release")
     # Grants to the dead replica go unclaimed for command_timeout (0.2 s); then its tickets get
     # no more room, and the next heartbeat of the waiting replica (every lease_ttl / 3 = 1 s)
     # finds the room. Before: the dead tickets held it for their whole TTL (3 s).
@@ -253,18 +255,22 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
     # second after every replica saw Redis again until the pause (the turns admitted locally
     # meanwhile have ended: 80 ms at most); then after the pause's stragglers ended.
     healthy = [(began, redis_down), (redis_back + 0.5, paused), (woke + 0.5, began + duration)]
+    print(f"{answers} answers; {paused_running} turns running on the paused replica")
     for start, end in healthy:
         peak = peak_within(intervals, start, end)
+        print(f"healthy {start - began:.1f}-{end - began:.1f} s: peak {peak}")
         assert peak <= cap, (
             f"{peak} turns at once on a cap of {cap} in {start - began:.1f}-{end - began:.1f} s"
         )
     # The Redis restart: each replica admits against its own ceiling while Redis is away.
     peak = peak_within(intervals, redis_down, redis_back + 0.5)
+    print(f"Redis restart {redis_down - began:.1f}-{redis_back + 0.5 - began:.1f} s: peak {peak}")
     assert peak <= len(live) * cap, peak
     # The pause: only the turns that were running on the paused replica when it stopped run
     # over the cap (their leases expired and the room was taken); no turn starts on a grant
     # that expired meanwhile.
     peak = peak_within(intervals, paused, woke + 0.5)
+    print(f"pause {paused - began:.1f}-{woke + 0.5 - began:.1f} s: peak {peak}")
     assert peak <= cap + paused_running, (peak, paused_running)
     # The end state: every replica idle, the fleet figures read zero within a heartbeat
     # (lease_ttl / 3), and nothing of the limit left in Redis but keys about to expire.

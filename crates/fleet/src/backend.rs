@@ -23,7 +23,8 @@ const BUSY_PAUSE: Duration = Duration::from_millis(50);
 /// Whether Redis refused the call because it is busy (a long script is running) or loading its
 /// data: it is alive and the call did not run.
 fn is_busy(e: &redis::RedisError) -> bool {
-    e.code().is_some_and(|code| code == "BUSY" || code == "LOADING")
+    e.code()
+        .is_some_and(|code| code == "BUSY" || code == "LOADING")
 }
 
 /// A failed call: what went wrong, without secrets.
@@ -54,7 +55,9 @@ impl Backend {
             .set_connection_timeout(Some(config.connect_timeout))
             // The call's own timers decide what a slow reply means (see `call`); the driver
             // only ends a call that nobody could still want.
-            .set_response_timeout(Some(config.lease_ttl.saturating_add(config.connect_timeout)))
+            .set_response_timeout(Some(
+                config.lease_ttl.saturating_add(config.connect_timeout),
+            ))
             // One dial per call: the outage logic, not the driver, decides when to try again.
             .set_number_of_retries(0);
         Ok(Backend {
