@@ -169,7 +169,7 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
     restartable: RedisServer, replicas: list[Replica]
 ) -> None:
     rng = random.Random(15)
-    cap, ttl, clients, duration = 10, 2.0, 20, 9.0
+    cap, ttl, clients, duration = 10, 2.0, 20, 10.0
     key = new_key()
     fleet = {
         "url": restartable.url,
@@ -189,10 +189,11 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
     for i, (name, proc) in enumerate(procs.items()):
         proc.send({"cmd": "load", "clients": clients, "duration": duration, "tag": name,
                    "hold": [0.02, 0.08], "seed": rng.randrange(1 << 30) + i})  # fmt: skip
-    # The fault schedule: seeded jitter around fixed slots, so the faults never overlap.
+    # The fault schedule: seeded jitter around fixed slots; each fault starts a second after
+    # the fleet recovered from the one before, so they never overlap.
     kill_at = 1.0 + rng.uniform(0, 0.3)
-    redis_at = 3.0 + rng.uniform(0, 0.3)
-    pause_at = 4.6 + rng.uniform(0, 0.3)
+    redis_at = 2.5 + rng.uniform(0, 0.3)
+    pause_jitter = rng.uniform(0, 0.3)
     pause_for = 3.0
 
     def at(offset: float) -> None:
@@ -220,6 +221,7 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
             "every replica sees Redis again",
         )
     redis_back = time.monotonic()
+    pause_at = max(4.5, redis_back + 1.0 - began) + pause_jitter
     at(pause_at)
     procs["b"].signal(signal.SIGSTOP)
     paused = time.monotonic()
