@@ -83,10 +83,11 @@
 //! remains the backstop that removes them from the fleet's count.
 //!
 //! **Hand-off** is pushed: a release grants the room to the next ticket inside its Lua call and
-//! publishes the ticket's id on `{key}:grants`; the waiting replica's listener wakes the turn at
-//! once. Since a published message can be lost, a replica with waiting turns also re-checks every
-//! `recheck_interval` (the same heartbeat call), which also hands a dead holder's room to waiters
-//! soon after it expires.
+//! publishes the ticket's id on `{key}:grants`; the waiting replica's listener claims the grant
+//! (one call: still its own and not expired, by the server's clock) and starts the turn. Since a
+//! published message can be lost, a replica with waiting turns also re-checks every
+//! `recheck_interval` (the same heartbeat call, which claims any grant it finds), which also
+//! hands a dead holder's room to waiters soon after it expires.
 //!
 //! **Cancellation.** Dropping an [`FleetLimit::acquire`] future withdraws its ticket (best
 //! effort; the ticket otherwise expires with the heartbeat), and a lease granted at that moment
