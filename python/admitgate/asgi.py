@@ -229,18 +229,20 @@ class _Body:
     far, in one buffer (so a body sent in many small chunks costs its bytes, not a message per
     chunk), and whether more follow."""
 
-    __slots__ = ("data", "more")
+    __slots__ = ("data", "more", "_first")
 
     def __init__(self, message: Message) -> None:
-        # The first chunk as it came (no copy: most bodies are one message); a bytearray once
-        # a second chunk is added, so appending stays linear.
+        # The first chunk as it came (no copy: most bodies are one message, handed to the app
+        # as received); a bytearray once a second chunk is added, so appending stays linear.
+        self._first: Message | None = message
         self.data: bytes | bytearray = message.get("body", b"")
         self.more: bool = message.get("more_body", False)
 
     def add(self, message: Message) -> int:
         """Append one ``http.request`` message; returns how many bytes it brought."""
         chunk = message.get("body", b"")
-        if type(self.data) is bytes:
+        if self._first is not None:
+            self._first = None
             self.data = bytearray(self.data)
         self.data += chunk
         self.more = message.get("more_body", False)
@@ -249,9 +251,12 @@ class _Body:
     def message(self) -> Message:
         """The bytes so far as one ``http.request`` message, emptying the buffer (the app is
         given this first, then the rest of the stream)."""
-        body = self.data if type(self.data) is bytes else bytes(self.data)
+        message = self._first
+        if message is None:
+            message = {"type": "http.request", "body": bytes(self.data), "more_body": self.more}
+        self._first = None
         self.data = b""
-        return {"type": "http.request", "body": body, "more_body": self.more}
+        return message
 
 
 async def _read_body(receive: Receive, body: _Body, limit: int | None) -> bool:
