@@ -1388,7 +1388,9 @@ impl<W> Gate<W> {
         self.with(|state, wakes| state.shed_oldest_waiter(wakes))
     }
 
-    /// See [`GateState::reset`]; turns let through are forgotten too.
+    /// See [`GateState::reset`]; turns let through are forgotten too, and their tickets must
+    /// not be ended afterwards (they belong to the parent of a fork: the binding checks its
+    /// epoch first).
     pub fn reset(&self) -> Wakes<W> {
         self.with(|state, wakes| {
             self.passthrough.reset();
