@@ -191,6 +191,28 @@ def test_turns_let_through_by_a_disabled_gate_count_against_a_ceiling_set_later(
     assert gate.transport_stats()["direct"]["admitted"] == 10
 
 
+def test_a_drain_waits_for_turns_let_through_by_a_disabled_gate() -> None:
+    """A drain never cancels a running turn and reports the ones still running: turns let
+    through by a gate with nothing to enforce are running turns too."""
+    gate = admitgate.AdmissionGate(None)
+
+    async def scenario() -> None:
+        meter, leave = Meter(), asyncio.Event()
+        task = asyncio.ensure_future(held_turn(gate, meter, leave))
+        await settle()
+        assert meter.now == 1
+        assert await gate.close(drain_timeout=0) == (0, 1, 0)
+        closing = asyncio.ensure_future(gate.close(drain_timeout=5))
+        await settle()
+        assert not closing.done(), "the drain did not wait for the running turn"
+        leave.set()
+        assert await closing == (1, 0, 0)
+        await task
+
+    run(scenario())
+    assert (gate.in_flight, gate.admitted) == (0, 0)
+
+
 def test_reconfigure_n_to_0_to_n_with_turns_running_queued_and_lending() -> None:
     """The ceiling holds across N -> 0 -> N: turns running under N, turns let through while
     the ceiling is 0, a turn lending its slot to a human wait, and waiters queued at the time;

@@ -1262,9 +1262,13 @@ impl<W> Gate<W> {
         self.with(|state, wakes| state.expire(key, wakes))
     }
 
-    /// See [`GateState::close`].
+    /// See [`GateState::close`]. Turns let through are adopted first, so a drain waits for
+    /// them as for any running turn.
     pub fn close(&self) -> (u64, Wakes<W>) {
-        self.with(|state, wakes| state.close(wakes))
+        self.with(|state, wakes| {
+            self.adopt_passthrough(state);
+            state.close(wakes)
+        })
     }
 
     /// See [`GateState::reconfigure`]. Turns let through while the gate had nothing to
