@@ -318,7 +318,7 @@ def test_a_forked_childs_counters_never_wrap_when_the_parents_turns_end_there() 
     """Issue 15 item 8: in a forked child the parent's turns end (a queued turn withdrawn, a
     running one and one let through by a disabled gate exiting). The child's per-transport
     counters must stay at 0, not wrap to 2^64 - 1; the parent is unaffected."""
-    gated = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=4)
+    gated: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=4)
     disabled = admitgate.AdmissionGate(None)
     loop = asyncio.new_event_loop()
     running = gated.admit(transport="rest")
@@ -459,7 +459,7 @@ def test_100k_queued_arrivals_with_on_queued_stay_cheap_then_drain() -> None:
     arrivals with `on_queued` now finish in bounded time, the position of the newest waiter
     is cheap to read, and a drain refuses every waiter with the counters adding up."""
     n = 100_000
-    gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=n)
+    gate: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=n)
     positions: list[int] = []
 
     def on_queued(position: int, estimate: float | None) -> None:
@@ -508,7 +508,7 @@ def test_drain_report_counts_a_turn_waiting_for_its_lease_as_refused(redis_serve
     `finished`."""
     key = f"gate:{uuid.uuid4().hex[:12]}"
     other = admitgate.FleetLimit(redis_server.url, key, 1)
-    gate = admitgate.build_admission_gate(
+    gate: Any = admitgate.build_admission_gate(
         max_concurrent_runs=4, queue_depth=4, fleet=admitgate.FleetLimit(redis_server.url, key, 1)
     )
 
@@ -521,7 +521,7 @@ def test_drain_report_counts_a_turn_waiting_for_its_lease_as_refused(redis_serve
                 async with gate.admit():
                     pytest.fail("no lease can come")
             except admitgate.AdmissionRejected as refused:
-                reasons.append(refused.reason)
+                reasons.append(str(refused.reason))
 
         task = asyncio.ensure_future(turn())
         await eventually(lambda: gate.in_flight == 1, "the turn holds its local slot")
@@ -547,9 +547,9 @@ EXIT_SCRIPT = textwrap.dedent(
 
     kind = sys.argv[1]
     if kind == "plain":
-        gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
+        gate: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
     elif kind == "per_tenant":
-        gate = admitgate.build_admission_gate(
+        gate: Any = admitgate.build_admission_gate(
             max_concurrent_runs=4, max_concurrent_runs_per_scope=1, queue_depth=8
         )
     elif kind == "memory":
@@ -558,7 +558,7 @@ EXIT_SCRIPT = textwrap.dedent(
             resource_policy=MemoryPressurePolicy(soft_rss_mb=1, hard_rss_mb=10**6),
         )
     else:
-        gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
+        gate: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
 
     def worker():
         with gate.admit_sync(session_id="t"):
