@@ -23,7 +23,15 @@
 //! a release hands its slot to a waiter (concurrency stays level) but the free slots that
 //! pressure left idle are not filled, except when nothing runs at all (so the gate always
 //! makes progress). Once a decision under no pressure is seen, waiters fill the free slots
-//! in order before any newcomer is considered.
+//! in order before any newcomer is considered. Such a decision may come with nobody arriving
+//! or leaving: while waiters are held back with slots free ([`GateState::held_back`], also
+//! published lock-free by [`Gate::held_back`]) the binding re-samples on a timer and reports
+//! it ([`GateState::note_pressure`]); a reconfigure passes the pressure under its new
+//! configuration.
+//!
+//! Turns a gate with nothing to enforce lets through are counted lock-free
+//! ([`super::passthrough`]) and adopted into `in_flight` when the gate enforces something (a
+//! reconfigure, an enforced arrival, a close), so a ceiling set while they run holds.
 //!
 //! A waiter's record stays in the slab after it is granted a slot or shed, until its owner
 //! claims the outcome ([`Gate::claim`]) or withdraws ([`Gate::cancel`]): a cancellation that
