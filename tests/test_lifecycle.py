@@ -547,9 +547,9 @@ EXIT_SCRIPT = textwrap.dedent(
 
     kind = sys.argv[1]
     if kind == "plain":
-        gate: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
+        gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
     elif kind == "per_tenant":
-        gate: Any = admitgate.build_admission_gate(
+        gate = admitgate.build_admission_gate(
             max_concurrent_runs=4, max_concurrent_runs_per_scope=1, queue_depth=8
         )
     elif kind == "memory":
@@ -558,7 +558,7 @@ EXIT_SCRIPT = textwrap.dedent(
             resource_policy=MemoryPressurePolicy(soft_rss_mb=1, hard_rss_mb=10**6),
         )
     else:
-        gate: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
+        gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=8)
 
     def worker():
         with gate.admit_sync(session_id="t"):
