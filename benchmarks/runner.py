@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .adaptive import bench_adaptive
+from .asgi_parsers import bench_asgi_parsers
 from .contended import bench_contended
 from .harness import CheckFailed, Result, perf, print_result
 from .machine import machine
@@ -36,6 +37,7 @@ WORKLOADS: dict[str, Workload] = {
     "memory-aware": bench_memory_aware,
     "threads": bench_threads,
     "adaptive": bench_adaptive,
+    "asgi-parsers": bench_asgi_parsers,
 }
 
 #: Sizes of a full run and of ``--quick`` (tiny sizes, one repetition: the CI smoke test).
@@ -56,6 +58,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "threads": (4, 50, 400),
         "threads_reps": 5,
         "adaptive_phase_s": 20.0,
+        "scan_bytes": 65536,
+        "scan_before_reps": 3,
+        "classify_calls": 20_000,
     },
     "quick": {
         "reps": 1,
@@ -72,6 +77,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "threads": (4, 10, 10),
         "threads_reps": 1,
         "adaptive_phase_s": 2.0,
+        "scan_bytes": 4096,
+        "scan_before_reps": 1,
+        "classify_calls": 200,
     },
 }
 

@@ -191,6 +191,28 @@ def test_turns_let_through_by_a_disabled_gate_count_against_a_ceiling_set_later(
     assert gate.transport_stats()["direct"]["admitted"] == 10
 
 
+def test_a_drain_waits_for_turns_let_through_by_a_disabled_gate() -> None:
+    """A drain never cancels a running turn and reports the ones still running: turns let
+    through by a gate with nothing to enforce are running turns too."""
+    gate = admitgate.AdmissionGate(None)
+
+    async def scenario() -> None:
+        meter, leave = Meter(), asyncio.Event()
+        task = asyncio.ensure_future(held_turn(gate, meter, leave))
+        await settle()
+        assert meter.now == 1
+        assert await gate.close(drain_timeout=0) == (0, 1, 0)
+        closing = asyncio.ensure_future(gate.close(drain_timeout=5))
+        await settle()
+        assert not closing.done(), "the drain did not wait for the running turn"
+        leave.set()
+        assert await closing == (1, 0, 0)
+        await task
+
+    run(scenario())
+    assert (gate.in_flight, gate.admitted) == (0, 0)
+
+
 def test_reconfigure_n_to_0_to_n_with_turns_running_queued_and_lending() -> None:
     """The ceiling holds across N -> 0 -> N: turns running under N, turns let through while
     the ceiling is 0, a turn lending its slot to a human wait, and waiters queued at the time;
@@ -296,7 +318,7 @@ def test_a_forked_childs_counters_never_wrap_when_the_parents_turns_end_there() 
     """Issue 15 item 8: in a forked child the parent's turns end (a queued turn withdrawn, a
     running one and one let through by a disabled gate exiting). The child's per-transport
     counters must stay at 0, not wrap to 2^64 - 1; the parent is unaffected."""
-    gated = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=4)
+    gated: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=4)
     disabled = admitgate.AdmissionGate(None)
     loop = asyncio.new_event_loop()
     running = gated.admit(transport="rest")
@@ -437,7 +459,7 @@ def test_100k_queued_arrivals_with_on_queued_stay_cheap_then_drain() -> None:
     arrivals with `on_queued` now finish in bounded time, the position of the newest waiter
     is cheap to read, and a drain refuses every waiter with the counters adding up."""
     n = 100_000
-    gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=n)
+    gate: Any = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=n)
     positions: list[int] = []
 
     def on_queued(position: int, estimate: float | None) -> None:
@@ -486,7 +508,7 @@ def test_drain_report_counts_a_turn_waiting_for_its_lease_as_refused(redis_serve
     `finished`."""
     key = f"gate:{uuid.uuid4().hex[:12]}"
     other = admitgate.FleetLimit(redis_server.url, key, 1)
-    gate = admitgate.build_admission_gate(
+    gate: Any = admitgate.build_admission_gate(
         max_concurrent_runs=4, queue_depth=4, fleet=admitgate.FleetLimit(redis_server.url, key, 1)
     )
 
@@ -499,7 +521,7 @@ def test_drain_report_counts_a_turn_waiting_for_its_lease_as_refused(redis_serve
                 async with gate.admit():
                     pytest.fail("no lease can come")
             except admitgate.AdmissionRejected as refused:
-                reasons.append(refused.reason)
+                reasons.append(str(refused.reason))
 
         task = asyncio.ensure_future(turn())
         await eventually(lambda: gate.in_flight == 1, "the turn holds its local slot")

@@ -8,21 +8,36 @@ agent card, UIs, custom routes, ``lifespan``, WebSocket) passes through untouche
 
     app = AdmissionMiddleware(starlette_app, gate)
 
-What is A2A, under ``path_prefix``:
+What is A2A, under ``path_prefix``: exactly the endpoints the SDK's routes reach, decided as
+Starlette's router matches them (:mod:`admitgate._a2a_routes` holds the SDK's route table, in
+its order; ``tests/test_asgi_routes.py`` checks it against the real SDK routes in a real
+Starlette router). So a tenant named ``tasks`` (``POST /tasks/message:send`` is that tenant's
+``SendMessage``), or ``v1``, or ``message:send``, is classified as the SDK runs it, and so is a
+path with one final newline (``/message:send%0A``: Starlette's ``$`` matches before it).
 
-- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``jsonrpc_path``. The middleware reads
-  the start of the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses
-  it) to learn ``method`` and ``id``, then replays exactly those bytes, followed by the rest
-  of the stream, to the app. A body that does not end within the prefix is never buffered:
-  the middleware stops looking, treats the request as gated work and streams the rest
-  through.
-- **REST** (HTTP+JSON binding, transport ``"rest"``): ``/message:send``,
-  ``/message:stream``, ``/tasks``, ``/tasks/{id}``, ``/tasks/{id}:cancel``,
-  ``/tasks/{id}:subscribe``, ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and
-  ``/extendedAgentCard``, also under one leading tenant segment (``/{tenant}/message:send``)
-  and as the v0.3 compatibility routes under ``/v1/`` (``/v1/card`` included). The SDK's own
-  layout for ``create_rest_routes(path_prefix=P)``, ``/{tenant}P/message:send``, is matched
-  too.
+- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``path_prefix + jsonrpc_path`` (and to
+  the same path with or without a trailing ``/``, which Starlette redirects to it: an app
+  whose ``rpc_url`` differs by that slash is still gated). The middleware reads the start of
+  the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses it) to learn
+  ``method`` and ``id``, then replays exactly those bytes, followed by the rest of the
+  stream, to the app. A body that does not end within the prefix is not buffered whole: the
+  middleware stops looking, treats the request as gated work and streams the rest through
+  (unless the request queued: see below).
+- **REST** (HTTP+JSON binding, transport ``"rest"``): the routes of ``create_rest_routes``:
+  ``/message:send``, ``/message:stream``, ``/tasks``, ``/tasks/{id}``,
+  ``/tasks/{id}:cancel``, ``/tasks/{id}:subscribe``,
+  ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and ``/extendedAgentCard``, the same
+  under the tenant mount (``/{tenant}/message:send``), and the v0.3 compatibility routes
+  under ``/v1/`` (``/v1/card`` included). With a ``path_prefix`` both layouts count: the
+  SDK's ``create_rest_routes(path_prefix=P)`` (``P/...`` and ``/{tenant}P/...``) and the
+  routes mounted at ``P`` (``P/...`` and ``P/{tenant}/...``); a request that is work in
+  either is gated. A path the router answers with 404, 405 or a redirect reaches no
+  endpoint and passes.
+
+The parsers of what the client sends (the path, the JSON-RPC body and its head) run in time
+linear in their input: ``tests/test_asgi_parsers.py`` bounds each on adversarial 64 KiB
+inputs. A JSON-RPC body nested deeper than :mod:`json` can follow on the middleware's stack
+is gated as work: the app may parse it on a shallower stack, where it would be readable.
 
 Which requests are gated: with ``gate_methods="work"`` (the default) those that start or
 continue agent work: ``SendMessage``, ``SendStreamingMessage``, ``SubscribeToTask``, their
@@ -34,12 +49,27 @@ still be polled and told to stop. ``gate_methods="all"`` gates every A2A request
 broker does.
 
 A gated request holds its slot until its response body has been sent in full (an SSE stream:
-the whole stream) or the client disconnects, whichever comes first; a request still queued
-when its client disconnects leaves the queue. A refused request never reaches the app: it gets
-the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
-seconds (rounded up; omitted when there is no hint, i.e. for ``policy``), an
-``admitgate-reason`` header with the reason (as the gRPC front door's trailer) and a body the
-A2A SDK's client understands: for JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
+the whole stream) or the client disconnects, whichever comes first. A client leaving shows
+only as ``receive()`` returning ``http.disconnect``, after every body chunk sent before it, so
+the middleware reads a queued request's body to see it. While queued it reads up to
+``max_peek_bytes`` more (kept for the app): a client that leaves then withdraws at once (it
+frees its queue place, counts as ``cancelled``, never takes a slot). Past that allowance the
+upload is paused by back-pressure. When the gate settles the turn, the middleware reads up to
+``max_peek_bytes`` more before the turn is claimed, and a client gone by then withdraws the
+same way, its granted slot handed to the next waiter. If the body has still not ended, the
+rest is read before the app is called, holding the slot as the app reading it would. A client
+seen to leave there frees the slot at once; the gate has already counted that turn as
+admitted, although it ran nothing. So a request that queued reaches the app only with its
+whole body: a truncated upload never does. The body is then held in memory, as the A2A SDK
+holds it anyway. A client that stays but stops sending holds its slot for as long as it
+stays, as it would in the app: bound that with the server's or a proxy's body timeout. A
+request admitted on arrival streams its body to the app as it comes.
+
+A refused request never reaches the app: it gets the HTTP status of
+:data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole seconds (rounded
+up; omitted when there is no hint, i.e. for ``policy``), an ``admitgate-reason`` header with
+the reason (as the gRPC front door's trailer) and a body the A2A SDK's client understands: for
+JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
 :data:`JSONRPC_REJECTED_CODE` (-32029), for REST the SDK's REST error shape
 (``google.rpc.Status`` with ``ErrorInfo`` of domain :data:`ERROR_DOMAIN` and ``RetryInfo``).
 
@@ -59,6 +89,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
+from ._a2a_routes import JSONRPC, PASS, READ, WORK, Router, sdk_routers
 from ._admitgate import Entered, Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
@@ -110,80 +141,46 @@ _WORK_METHODS: Final = frozenset(
 )
 
 # What a request is, as far as the gate is concerned.
-_PASS: Final = 0  # not A2A: passthrough
-_REST_READ: Final = 1  # an A2A REST request that reads, cancels or configures
-_REST_WORK: Final = 2  # an A2A REST request that starts or continues work
-_JSONRPC: Final = 3  # a POST to the JSON-RPC endpoint; the body decides
-
-_SUBSCRIBE_METHODS: Final = frozenset({"GET", "HEAD", "POST"})
+_PASS: Final = PASS  # not an A2A endpoint: passthrough
+_REST_READ: Final = READ  # an A2A REST request that reads, cancels or configures
+_REST_WORK: Final = WORK  # an A2A REST request that starts or continues work
+_JSONRPC: Final = JSONRPC  # a POST to the JSON-RPC endpoint; the body decides
 
 
-def _route_path(scope: Scope) -> str:
-    # As Starlette routes: the path below the root path the app is mounted at.
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
-        return path[len(root) :] or "/"
-    return path
-
-
-def _rest_route(method: str, segs: list[str], lead: str) -> int:
-    """Classify the segments of an A2A REST route (after any tenant or ``v1`` segment)."""
-    n = len(segs)
-    first = segs[0]
-    if n == 1:
-        if first == "message:send" or first == "message:stream":
-            return _REST_WORK if method == "POST" else _REST_READ
-        if first == "tasks" or first == "extendedAgentCard" or (first == "card" and lead == "v1"):
-            return _REST_READ
-        return _PASS
-    if first != "tasks" or not segs[1]:
-        return _PASS
-    if n == 2:
-        if segs[1].endswith(":subscribe") and method in _SUBSCRIBE_METHODS:
-            return _REST_WORK
-        return _REST_READ
-    if segs[2] == "pushNotificationConfigs" and (n == 3 or (n == 4 and segs[3])):
-        return _REST_READ
-    return _PASS
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_SKIP = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
-_SCALAR = re.compile(r"[^\s,\]}]+")
-_WS = re.compile(r"\s*")
+# The head scan's tokens. JSON whitespace is exactly these four (``\s`` would take more); a
+# JSON string may not hold a raw control character.
+_WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+# json's C scanner (the one json.loads uses): (value, end); StopIteration if no value at all.
+_SCAN_VALUE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+# A key without escapes, with the colon after it: the usual member's key in one match.
+_PLAIN_KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
+_COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
+_AFTER_VALUE = re.compile(r"[ \t\n\r]*([,}])")
+# A JSON-RPC request has four members. Past this many the scan stops: the time spent per
+# member is then bounded by json's C scanner, not by the Python loop around it, and all a
+# head with more members loses is its refusal's "id" (then null, as JSON-RPC answers a
+# request whose id cannot be read).
+_MAX_HEAD_MEMBERS: Final = 64
 
 
-def _skip_value(text: str, i: int) -> int:
-    """The index just past the JSON value at ``text[i]``; -1 if it does not end in ``text``."""
-    if i >= len(text):
-        return -1
-    c = text[i]
-    if c == '"':
-        m = _STRING.match(text, i)
-        return m.end() if m else -1
-    if c == "{" or c == "[":
-        depth = 0
-        for m in _SKIP.finditer(text, i):
-            t = m.group()
-            if t[0] == '"':
-                continue
-            depth += 1 if t in "{[" else -1
-            if depth == 0:
-                return m.end()
-        return -1
-    m = _SCALAR.match(text, i)
-    return m.end() if m and m.end() < len(text) else -1
-
-
-def _scan_head(head: bytes) -> tuple[object, object]:
+def _scan_head(head: bytes | bytearray) -> tuple[object, object]:
     """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
 
-    Walks only the top-level object, skipping other members' values (a nested ``"method"``
-    inside ``params`` is never taken for the request's). A member not found in ``head`` is
-    ``None``. Only the refusal's ``id`` is taken from it: a request whose body does not fit
-    the prefix is gated whatever its method says.
+    Walks only the top-level object, so a nested ``"method"`` inside ``params`` is never taken
+    for the request's; every value is decoded by ``json``'s own C scanner, so a value found is
+    exactly what ``json.loads`` gives (the last of duplicate keys wins, as there). A member
+    not found in ``head`` (or past the first ``_MAX_HEAD_MEMBERS``) is ``None``. Only the
+    refusal's ``id`` is taken from it: a request whose body does not fit the prefix is gated
+    whatever its method says.
+
+    Linear time, whatever the bytes. Invariant: ``i`` only moves forward; each step consumes
+    one member from ``i`` with a fixed number of single-pass matches (the regular expressions
+    above match a fixed shape and cannot backtrack past the member they are on; json's
+    scanner is one pass, its error path included, and gives up past the interpreter's
+    recursion limit instead of descending into deeper nesting); and the walk stops at the
+    first member that does not end inside ``head`` (a cut, or invalid JSON), so nothing is
+    looked at again after a failure.
     """
     text = head.decode("utf-8", "replace")
     found: dict[str, object] = {}
@@ -191,36 +188,33 @@ def _scan_head(head: bytes) -> tuple[object, object]:
     if not text.startswith("{", i):
         return None, None
     i += 1
-    while True:
-        i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        m = _STRING.match(text, i)
-        if m is None:
-            break
+    for _ in range(_MAX_HEAD_MEMBERS):
         try:
-            key = json.loads(m.group())
-        except ValueError:
+            plain = _PLAIN_KEY.match(text, i)
+            if plain is not None:
+                key: object = plain.group(1)
+                i = plain.end()
+            else:  # a key with escapes ("\u006dethod" is "method"), or not a key at all
+                i = _WS.match(text, i).end()  # type: ignore[union-attr]
+                if not text.startswith('"', i):
+                    break
+                key, i = _SCAN_VALUE(text, i)
+                colon = _COLON.match(text, i)
+                if colon is None:
+                    break
+                i = colon.end()
+            value, i = _SCAN_VALUE(text, i)
+        except (StopIteration, ValueError, RecursionError):  # cut, invalid, or nested too deep
             break
-        i = _WS.match(text, m.end()).end()  # type: ignore[union-attr]
-        if not text.startswith(":", i):
+        # Only a value followed by "," or "}" is whole: "12" or "1." may be a cut "12.5".
+        after = _AFTER_VALUE.match(text, i)
+        if after is None:
             break
-        i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
         if key == "method" or key == "id":
-            try:
-                value, end = _DECODER.raw_decode(text, i)
-            except ValueError:
-                break
-            if end >= len(text):  # a number or literal cut short by the prefix
-                break
-            found[key] = value
-            i = end
-        else:
-            i = _skip_value(text, i)
-            if i < 0:
-                break
-        i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        if not text.startswith(",", i):
+            found[key] = value  # type: ignore[index]
+        if after.group(1) == "}":
             break
-        i += 1
+        i = after.end()
     return found.get("method"), found.get("id")
 
 
@@ -231,44 +225,140 @@ def _response_id(value: object) -> str | int | None:
     return value
 
 
-async def _wait_unless_gone(
-    entry: Awaitable[Any], receive: Receive, pending: list[Message], admission: Any
-) -> bool:
-    """Wait for a slot while watching for the client leaving. The body is fully read, so the
-    next ``receive`` only returns on a disconnect. False if the client left (no slot held)."""
-    waiter = asyncio.ensure_future(entry)
-    watcher = asyncio.ensure_future(receive())
-    try:
-        await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        # Cancelled from outside: withdraw, or give back a slot granted meanwhile.
-        watcher.cancel()
-        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-            await admission.__aexit__(None, None, None)
-        else:
-            waiter.cancel()
-        raise
-    if not watcher.done():
-        watcher.cancel()
-    elif not watcher.cancelled():
-        message = watcher.result()
-        if message["type"] == "http.disconnect":
-            waiter.cancel()
-            try:
-                await waiter
-            except (asyncio.CancelledError, AdmissionRejected):
-                return False
-            # Granted in the same instant the client left: give the slot back.
-            await admission.__aexit__(None, None, None)
+class _Body:
+    """The part of a gated request's body read before the app runs, kept for it: the bytes so
+    far, in one buffer (so a body sent in many small chunks costs its bytes, not a message per
+    chunk), and whether more follow."""
+
+    __slots__ = ("data", "more", "_first")
+
+    def __init__(self, message: Message) -> None:
+        # The first chunk as it came (no copy: most bodies are one message, handed to the app
+        # as received); a bytearray once a second chunk is added, so appending stays linear.
+        self._first: Message | None = message
+        self.data: bytes | bytearray = message.get("body", b"")
+        self.more: bool = message.get("more_body", False)
+
+    def add(self, message: Message) -> int:
+        """Append one ``http.request`` message; returns how many bytes it brought."""
+        chunk = message.get("body", b"")
+        if self._first is not None:
+            self._first = None
+            self.data = bytearray(self.data)
+        self.data += chunk
+        self.more = message.get("more_body", False)
+        return len(chunk)
+
+    def message(self) -> Message:
+        """The bytes so far as one ``http.request`` message, emptying the buffer (the app is
+        given this first, then the rest of the stream)."""
+        message = self._first
+        if message is None:
+            message = {"type": "http.request", "body": bytes(self.data), "more_body": self.more}
+        self._first = None
+        self.data = b""
+        return message
+
+
+async def _read_body(receive: Receive, body: _Body, limit: int | None) -> bool:
+    """Read on while the body has more, until ``body`` holds ``limit`` bytes (``None``: to its
+    end). False if the client left (the next ``receive()`` returned ``http.disconnect``, or
+    anything else that is not a body chunk)."""
+    while body.more and (limit is None or len(body.data) < limit):
+        message = await receive()
+        if message["type"] != "http.request":
             return False
-        pending.append(message)  # not expected; kept for the app, in order
-    await waiter
+        body.add(message)
     return True
 
 
-def _parse(body: bytes) -> object:
+async def _wait_unless_gone(entry: Any, receive: Receive, body: _Body, allowance: int) -> bool:
+    """Wait for a queued request's slot while watching for its client leaving; False if it
+    left (then the turn is withdrawn, counts as ``cancelled``, and no slot is held).
+
+    ASGI shows a client leaving only as the next ``receive()`` returning ``http.disconnect``,
+    and that ``receive()`` returns the body's next chunk first when there is one (uvicorn's
+    included: it returns the body it has buffered before a disconnect it has not read yet).
+    So while the body is still coming, the chunks are kept in ``body`` for the app, up to
+    ``allowance`` bytes more. Past that the wait stops reading: the server stops reading the
+    socket (TCP back-pressure pauses the upload) and memory stays bounded. Once the body has
+    ended, the next ``receive()`` returns only on a disconnect.
+
+    The gate's awaitable (a ``Wait``, or with a fleet limit a ``LeaseWait``) is stepped here
+    as an asyncio task would step it, so that between the gate settling the turn (its future
+    resolving) and the turn being claimed (the next step, which counts it ``admitted``) the
+    body can be read once more, up to ``allowance`` bytes, if it has not ended: a client that
+    left during the pause shows here, and withdrawing now (``close()``) hands the granted slot
+    to the next waiter and counts the turn as ``cancelled``. That is what happened: the turn
+    never started, its client withdrew, exactly as one that leaves while queued; counting it
+    ``admitted`` would report agent work that never ran. The read is bounded because the
+    settled future does not say whether the turn was granted or refused, and a refused turn's
+    body must not be buffered without bound. A refusal is therefore answered only after that
+    read (at most ``allowance`` bytes of a client that is sending).
+    """
+    steps = entry.__await__()
+    thrown: BaseException | None = None
+    watcher: asyncio.Future[Message] | None = None
+    budget = allowance
+    try:
+        while True:
+            # One step: the gate claims the outcome (StopIteration: admitted; AdmissionRejected:
+            # refused) or hands the next future to wait for (the slot, then a fleet lease).
+            try:
+                fut = next(steps) if thrown is None else steps.throw(thrown)
+            except StopIteration:
+                return True
+            thrown = None
+            while not fut.done():
+                if body.more and budget <= 0:  # paused: the body waits in the socket
+                    await asyncio.wait((fut,))
+                    break
+                watcher = asyncio.ensure_future(receive())
+                await asyncio.wait((fut, watcher), return_when=asyncio.FIRST_COMPLETED)
+                if not watcher.done():
+                    watcher.cancel()
+                    watcher = None
+                    break
+                message = watcher.result()
+                watcher = None
+                if message["type"] != "http.request":
+                    steps.close()  # withdraw: counted cancelled, never takes a slot
+                    return False
+                budget -= body.add(message)
+            if body.more and not await _read_body(receive, body, len(body.data) + allowance):
+                steps.close()  # left during the pause: a granted slot is handed on
+                return False
+            # As a task does: the future's exception (a fleet refusal), or its cancellation (a
+            # deadline), is thrown into the awaitable, which turns it into the refusal.
+            if fut.cancelled():
+                thrown = asyncio.CancelledError()
+            else:
+                thrown = fut.exception()
+    except BaseException:
+        # Cancelled from outside (or a step failed): withdraw, handing on a granted slot.
+        if watcher is not None:
+            watcher.cancel()
+        steps.close()
+        raise
+
+
+class _TooDeep:
+    """What :func:`_parse` returns for JSON nested deeper than ``json`` follows here."""
+
+
+_TOO_DEEP: Final = _TooDeep()
+
+
+def _parse(body: bytes | bytearray) -> object:
     """``json.loads(body)``, exactly as the A2A SDK parses the request (Starlette's
-    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid."""
+    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid,
+    :data:`_TOO_DEEP` if nested deeper than ``json`` follows on this stack.
+
+    Too deep is not invalid: ``json``'s limit is the interpreter's recursion limit minus the
+    stack already in use, and the app may parse on a shallower stack than this middleware's
+    (in a task of its own, as under Starlette's ``BaseHTTPMiddleware``), where the same body
+    parses. So the caller treats it as a body it could not read, and gates it.
+    """
     try:
         # json.loads(bytes) detects UTF-16/32 from the first two bytes; a body starting with
         # "{" and a non-NUL byte is UTF-8 to it, so decoding here is the same, minus the probe.
@@ -282,6 +372,8 @@ def _parse(body: bytes) -> object:
         return json.loads(body)
     except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
         return None
+    except RecursionError:
+        return _TOO_DEEP
 
 
 def _check_retry_after(retry_after: object) -> float | None:
@@ -332,7 +424,8 @@ class AdmissionMiddleware:
             the gate's hint (``AdmissionRejected.retry_after``), and sends no header when
             the gate has none.
         max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
-            method and ``id``.
+            method and ``id``; also how much more of a queued request's body is read (and
+            kept) while it waits, and again when the gate settles it, to see its client leave.
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
@@ -387,40 +480,39 @@ class AdmissionMiddleware:
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         self._gate_all = gate_methods == "all"
-        # The JSON-RPC endpoint, with and without a trailing slash (Starlette redirects one
-        # to the other), or nothing.
-        self._rpc_paths: frozenset[str] = frozenset()
-        if jsonrpc_path is not None:
-            rpc = (prefix + jsonrpc_path).rstrip("/")
-            self._rpc_paths = frozenset({rpc or "/", rpc + "/"})
+        routers = sdk_routers(prefix, jsonrpc_path)
+        self._router: Router = routers[0]
+        self._mounted: Router | None = routers[1] if len(routers) > 1 else None
 
     # -- classification --------------------------------------------------------------------
 
-    def _classify(self, method: str, path: str) -> int:
-        if method == "POST" and path in self._rpc_paths:
-            return _JSONRPC
-        prefix = self.path_prefix
-        if prefix:
-            if path.startswith(prefix) and path.startswith("/", len(prefix)):
-                return self._classify_rest(method, path[len(prefix) + 1 :], tenant_allowed=True)
-            # The SDK mounts its tenant routes in front of the prefix: /{tenant}<prefix>/...
-            cut = path.find("/", 1)
-            if cut > 1 and path.startswith(prefix, cut) and path.startswith("/", cut + len(prefix)):
-                return self._classify_rest(
-                    method, path[cut + len(prefix) + 1 :], tenant_allowed=False
-                )
-            return _PASS
-        return self._classify_rest(method, path[1:], tenant_allowed=True)
-
-    @staticmethod
-    def _classify_rest(method: str, rest: str, *, tenant_allowed: bool) -> int:
-        segs = rest.split("/")
-        if not segs[0]:
-            return _PASS
-        kind = _rest_route(method, segs, "")
-        if kind == _PASS and tenant_allowed and len(segs) >= 2 and segs[1]:
-            kind = _rest_route(method, segs[1:], segs[0])
+    def _classify(self, method: str, path: str, root_path: str) -> int:
+        """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
+        kind = self._router.kind(method, path, root_path)
+        if self._mounted is not None:  # with a path_prefix: the stronger verdict of both layouts
+            kind = max(kind, self._mounted.kind(method, path, root_path))
         return kind
+
+    def _inspect(self, kind: int, body: bytes | bytearray, more: bool) -> tuple[bool, object]:
+        """``(gated, rpc_id)`` of a request from the start of its ``body`` (``more``: it does
+        not end there): whether it takes a slot, and the JSON-RPC ``id`` a refusal carries."""
+        rpc_id: object = None
+        gated = True
+        if kind == _JSONRPC:
+            if more or len(body) > self.max_peek_bytes:
+                # Too long to inspect: gated work, whatever its method says.
+                rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
+            else:
+                request = _parse(body)
+                if request is _TOO_DEEP:  # unreadable here, maybe not to the app: gated
+                    rpc_id = _scan_head(body)[1]
+                else:
+                    method = None
+                    if type(request) is dict:
+                        method = request.get("method")
+                        rpc_id = request.get("id")
+                    gated = self._gate_all or method in _WORK_METHODS
+        return gated, rpc_id
 
     # -- the ASGI entry point --------------------------------------------------------------
 
@@ -430,10 +522,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         start = perf_counter()
-        path: str = scope["path"]
-        if scope.get("root_path"):
-            path = _route_path(scope)
-        kind = self._classify(scope["method"], path)
+        kind = self._classify(scope["method"], scope["path"], scope.get("root_path", ""))
         if kind == _PASS or (kind == _REST_READ and not self._gate_all):
             end = 0.0
 
@@ -467,40 +556,18 @@ class AdmissionMiddleware:
             message = await receive()
             if message["type"] != "http.request":  # the client left before sending a body
                 return
-            pending: list[Message] = [message]
-            more: bool = message.get("more_body", False)
-            if more:
-                size = len(message.get("body", b""))
-                while more and size < self.max_peek_bytes:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return
-                    pending.append(message)
-                    size += len(message.get("body", b""))
-                    more = message.get("more_body", False)
-                body = b"".join(m.get("body", b"") for m in pending)
-                pending = [{"type": "http.request", "body": body, "more_body": more}]
-            else:
-                body = message.get("body", b"")
-            rpc_id: object = None
-            gated = True
-            if kind == _JSONRPC:
-                if more or len(body) > self.max_peek_bytes:
-                    # Too long to inspect: gated work, whatever its method says.
-                    rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
-                else:
-                    request = _parse(body)
-                    method = None
-                    if type(request) is dict:
-                        method = request.get("method")
-                        rpc_id = request.get("id")
-                    gated = self._gate_all or method in _WORK_METHODS
-
+            held = _Body(message)
+            if held.more and not await _read_body(receive, held, self.max_peek_bytes):
+                return
+            gated, rpc_id = self._inspect(kind, held.data, held.more)
             if not gated:
+                first: Message | None = held.message()
 
                 async def replay() -> Message:
-                    if pending:
-                        return pending.pop()
+                    nonlocal first
+                    if first is not None:
+                        message, first = first, None
+                        return message
                     return await receive()
 
                 async def timed_send(message: Message) -> None:
@@ -522,9 +589,12 @@ class AdmissionMiddleware:
             )
             try:
                 entry = admission.__aenter__()
-                if type(entry) is Ready or type(entry) is Entered or more:
+                if type(entry) is Ready or type(entry) is Entered:
                     await entry
-                elif not await _wait_unless_gone(entry, receive, pending, admission):
+                    waited = False
+                elif await _wait_unless_gone(entry, receive, held, self.max_peek_bytes):
+                    waited = True
+                else:
                     return
             except AdmissionRejected as exc:
                 await self._refuse(send, transport, exc, rpc_id)
@@ -532,14 +602,27 @@ class AdmissionMiddleware:
                 return
 
             slot = RequestSlot(self.gate, admission)
-            held = slot
+            request_slot = slot
+            if waited and held.more and not await _read_body(receive, held, None):
+                # A request that queued reaches the app only with its whole body: its client
+                # may have left during the pause with more than the read at admission could
+                # drain (uvicorn shows the disconnect only after every byte sent before it),
+                # and the app must never run a truncated upload. Reading it here holds the
+                # slot exactly as the app reading it would (the A2A SDK reads a body whole
+                # before it acts). A client gone here is seen only after the turn was counted
+                # admitted (the gate cannot take that back): its slot is freed now, and the
+                # app never runs.
+                return
+            first = held.message()
 
             async def gated_receive() -> Message:
-                if pending:
-                    return pending.pop(0)
+                nonlocal first
+                if first is not None:
+                    message, first = first, None
+                    return message
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    await held.end_request()
+                    await request_slot.end_request()
                 return message
 
             async def gated_send(message: Message) -> None:
@@ -549,7 +632,7 @@ class AdmissionMiddleware:
                 finally:
                     if message["type"] == "http.response.body" and not message.get("more_body"):
                         end = perf_counter()
-                        await held.end_request()
+                        await request_slot.end_request()
 
             token = CURRENT_SLOT.set(slot)
             await self.app(scope, gated_receive, gated_send)

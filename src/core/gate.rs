@@ -23,7 +23,15 @@
 //! a release hands its slot to a waiter (concurrency stays level) but the free slots that
 //! pressure left idle are not filled, except when nothing runs at all (so the gate always
 //! makes progress). Once a decision under no pressure is seen, waiters fill the free slots
-//! in order before any newcomer is considered.
+//! in order before any newcomer is considered. Such a decision may come with nobody arriving
+//! or leaving: while waiters are held back with slots free ([`GateState::held_back`], also
+//! published lock-free by [`Gate::held_back`]) the binding re-samples on a timer and reports
+//! it ([`GateState::note_pressure`]); a reconfigure passes the pressure under its new
+//! configuration.
+//!
+//! Turns a gate with nothing to enforce lets through are counted lock-free
+//! ([`super::passthrough`]) and adopted into `in_flight` when the gate enforces something (a
+//! reconfigure, an enforced arrival, a close), so a ceiling set while they run holds.
 //!
 //! A waiter's record stays in the slab after it is granted a slot or shed, until its owner
 //! claims the outcome ([`Gate::claim`]) or withdraws ([`Gate::cancel`]): a cancellation that
@@ -94,7 +102,7 @@ impl<W: Waker> Wakes<W> {
         let mut discarded = self.drop;
         let mut first_panic = None;
         while let Some(waker) = pending.pop_front() {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake())) {
+            match super::unwind::catch_panic(|| waker.wake()) {
                 Ok(more) => {
                     pending.extend(more.wake);
                     discarded.extend(more.drop);
@@ -1362,9 +1370,13 @@ impl<W> Gate<W> {
         self.with(|state, wakes| state.expire(key, wakes))
     }
 
-    /// See [`GateState::close`].
+    /// See [`GateState::close`]. Turns let through are adopted first, so a drain waits for
+    /// them as for any running turn.
     pub fn close(&self) -> (u64, Wakes<W>) {
-        self.with(|state, wakes| state.close(wakes))
+        self.with(|state, wakes| {
+            self.adopt_passthrough(state);
+            state.close(wakes)
+        })
     }
 
     /// See [`GateState::reconfigure`]. Turns let through while the gate had nothing to
@@ -1532,7 +1544,9 @@ impl<W> Gate<W> {
         self.with(|state, wakes| state.shed_oldest_waiter(wakes))
     }
 
-    /// See [`GateState::reset`]; turns let through are forgotten too.
+    /// See [`GateState::reset`]; turns let through are forgotten too, and their tickets must
+    /// not be ended afterwards (they belong to the parent of a fork: the binding checks its
+    /// epoch first).
     pub fn reset(&self) -> Wakes<W> {
         self.with(|state, wakes| {
             self.passthrough.reset();

@@ -18,7 +18,9 @@
 //! counts it. (2^32 turns passing at once, which would carry into the era, cannot happen: each
 //! is a live Python coroutine.)
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use super::sync::AtomicU64;
 
 const COUNT_MASK: u64 = u32::MAX as u64;
 
@@ -94,7 +96,7 @@ impl PassThroughTurns {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(admitgate_loom)))]
 mod tests {
     use super::*;
 

@@ -8,7 +8,7 @@
 //!
 //! Slots are never reused, so the tree fills up; when it does, the live waiters are renumbered
 //! 0..n in queue order and the tree is rebuilt with room for as many again (at least
-//! [`MIN_CAPACITY`]). A rebuild costs O(n) and is followed by at least n + 1 pushes before
+//! `MIN_CAPACITY`). A rebuild costs O(n) and is followed by at least n + 1 pushes before
 //! the next one, so a push costs amortised O(1) plus the O(log n) update, and the tree's
 //! memory stays within about twice the longest queue since the last rebuild.
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use super::exit::detach_counted;
 use super::gate::PyAdmissionGate;
 use super::pressure_watch::{self, WATCH_INTERVAL};
 use super::rejection::rejection;
@@ -115,7 +116,7 @@ impl BlockingWait {
                 continue;
             }
             let signal = self.signal.clone();
-            let woken = py.detach(move || signal.wait(slice));
+            let woken = detach_counted(py, move || signal.wait(slice));
             if let Err(err) = py.check_signals() {
                 self.withdraw(py);
                 return Err(err);

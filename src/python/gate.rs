@@ -489,7 +489,10 @@ impl PyAdmissionGate {
     /// each validated as at construction (a bad value changes nothing). Lowering the ceiling
     /// never cancels a running turn; raising it starts waiting turns at once. Shrinking the
     /// queue refuses the newest waiters of each lane past the new depth (`queue_full`),
-    /// except under the `queue` overflow policy. Returns how many waiters were refused.
+    /// except under the `queue` overflow policy. Turns let through while the gate enforced
+    /// nothing count against a ceiling set now. Memory pressure is sampled afresh: eased
+    /// pressure (or `max_rss_mb=0`) starts the waiters it held back at once. Returns how many
+    /// waiters were refused.
     #[pyo3(signature = (
         *,
         max_concurrent_runs=Arg(None),
@@ -666,7 +669,7 @@ impl PyAdmissionGate {
                     return Ok(self.core.running().0 == 0);
                 }
                 let waiting = signal.clone();
-                if py.detach(move || waiting.wait(slice)) {
+                if super::exit::detach_counted(py, move || waiting.wait(slice)) {
                     return Ok(true);
                 }
                 py.check_signals()?;

@@ -147,9 +147,14 @@ impl PressureCheck {
             }
             if core.held_back() && !core.is_closing() {
                 core.pressure_watch.rearm();
-                if let Some(event_loop) = running_loop(py)? {
-                    let delay = WATCH_INTERVAL.as_secs_f64();
-                    event_loop.call_method1(pyo3::intern!(py, "call_later"), (delay, slf))?;
+                // A loop that is closing refuses: then the check is handed on below.
+                let delay = WATCH_INTERVAL.as_secs_f64();
+                let again = running_loop(py).ok().flatten().is_some_and(|event_loop| {
+                    event_loop
+                        .call_method1(pyo3::intern!(py, "call_later"), (delay, slf))
+                        .is_ok()
+                });
+                if again {
                     return Ok(());
                 }
             }
