@@ -13,12 +13,16 @@ provider 429s <= 3% of calls, the learned limit within 25% of the capacity at ea
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import admitgate
 from admitgate import _admitgate
 from admitgate._simulate import table
 
-from .harness import Result
+from .harness import Result, Timed, interleave
+from .uncontended import gate_turns
 
 SEED = 17
 
@@ -92,4 +96,59 @@ def bench_adaptive(size: dict[str, Any]) -> Result:
             )
     result.extra["tables"] = tables
     result.notes.append("tables:\n\n" + "\n\n".join(tables))
+    return result
+
+
+async def _turns_with_deadline(gate: Any, n: int) -> float:
+    """As ``gate_turns``, each turn with ``deadline_s=60``."""
+    admit = gate.admit
+    with Timed() as t:
+        for _ in range(n):
+            async with admit(session_id="user-1", deadline_s=60.0):
+                pass
+    return t.elapsed / n
+
+
+def bench_adaptive_cost(size: dict[str, Any]) -> Result:
+    """What each overload-control feature adds to an uncontended turn."""
+    n, reps = size["uncontended_n"], size["reps"]
+    result = Result(
+        "adaptive-cost",
+        "uncontended turns, ceiling 32: each overload-control feature on, against all off; "
+        "per turn",
+        "us",
+    )
+
+    def gate(**kwargs: Any) -> Any:
+        return admitgate.build_admission_gate(max_concurrent_runs=32, queue_depth=128, **kwargs)
+
+    off = gate()
+    deadlines = gate()
+    adaptive = gate(adaptive=admitgate.AdaptiveLimit(initial_limit=32))
+    discipline = gate(queue_discipline="adaptive")
+    everything = gate(
+        adaptive=admitgate.AdaptiveLimit(initial_limit=32), queue_discipline="adaptive"
+    )
+    variants: dict[str, Callable[[], Awaitable[float]]] = {
+        "all off": lambda: gate_turns(off, n),
+        "deadline_s=60": lambda: _turns_with_deadline(deadlines, n),
+        "adaptive=AdaptiveLimit()": lambda: gate_turns(adaptive, n),
+        "queue_discipline='adaptive'": lambda: gate_turns(discipline, n),
+        "all three": lambda: _turns_with_deadline(everything, n),
+    }
+    loop = asyncio.new_event_loop()
+    try:
+        interleave(loop, variants, reps, result)
+    finally:
+        loop.close()
+    for name in list(variants)[1:]:
+        result.ratio(f"{name} / all off", name, "all off")
+    for g in (off, deadlines, adaptive, discipline, everything):
+        s = g.stats()
+        total = s["admitted"] + s["rejected"] + s["shed"] + s["cancelled"]
+        result.check(
+            "counters exact (every turn admitted, nothing left in flight)",
+            s["in_flight"] == 0 and s["queued"] == 0 and total == s["admitted"],
+            str(s),
+        )
     return result

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .adaptive import bench_adaptive
+from .adaptive import bench_adaptive, bench_adaptive_cost
 from .asgi_parsers import bench_asgi_parsers
 from .contended import bench_contended
 from .harness import CheckFailed, Result, perf, print_result
@@ -37,6 +37,7 @@ WORKLOADS: dict[str, Workload] = {
     "memory-aware": bench_memory_aware,
     "threads": bench_threads,
     "adaptive": bench_adaptive,
+    "adaptive-cost": bench_adaptive_cost,
     "asgi-parsers": bench_asgi_parsers,
 }
 
