@@ -215,7 +215,8 @@ class AdmissionGate:
         ``deadline_s`` is how many seconds the caller will wait for the whole turn: a turn
         that would wait is refused at once (reason ``deadline``) when less is left than the
         gate's expected service time, and while it waits once that becomes true; a turn that
-        runs at once always runs. On a gate with ``adaptive=`` or ``queue_discipline=``,
+        runs at once always runs. On a gate with ``adaptive=`` or ``queue_discipline=`` (or
+        once any of its turns passed ``deadline_s``: the gate then times its turns),
         ``async with ... as turn`` gives this admission (to call :meth:`Admission.report_throttled`).
 
         ``session_id`` is the tenant key (a str as is, ``None`` as ``""``, anything else by
