@@ -1303,6 +1303,8 @@ pub struct Gate<W> {
     held_back_hint: AtomicBool,
     /// Turns let through while the gate had nothing to enforce, until it adopts them.
     passthrough: PassThroughTurns,
+    /// Overload control is on (set once, never cleared): read on every turn without the lock.
+    timed: AtomicBool,
 }
 
 impl<W> Gate<W> {
@@ -1313,6 +1315,7 @@ impl<W> Gate<W> {
             queued_hint: AtomicU64::new(0),
             held_back_hint: AtomicBool::new(false),
             passthrough: PassThroughTurns::default(),
+            timed: AtomicBool::new(false),
         }
     }
 
@@ -1477,11 +1480,13 @@ impl<W> Gate<W> {
         discipline: crate::overload::Discipline,
     ) {
         self.state.lock().enable_overload(controller, discipline);
+        self.timed.store(true, Ordering::Release);
     }
 
-    /// See [`GateState::times_turns`].
+    /// See [`GateState::times_turns`]; without the lock (a turn that reads `false` while
+    /// another thread turns timing on is simply not timed).
     pub fn times_turns(&self) -> bool {
-        self.state.lock().times_turns()
+        self.timed.load(Ordering::Acquire)
     }
 
     /// See [`GateState::turn_started`].

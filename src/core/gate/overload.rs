@@ -77,12 +77,17 @@ fn bounded(controller: Option<&dyn LimitController>, max: u32) -> u32 {
 
 impl<W> GateState<W> {
     /// Turns on overload control: `controller` (if any) moves the ceiling below the
-    /// configured one, `discipline` serves the queue. Set before any turn arrives.
+    /// configured one, `discipline` serves the queue. Set before any turn arrives (or, for
+    /// timing alone, `controller` `None` and [`Discipline::Fifo`], at any time: what is on
+    /// already is kept).
     pub fn enable_overload(
         &mut self,
         controller: Option<Box<dyn LimitController>>,
         discipline: Discipline,
     ) {
+        if controller.is_none() && discipline == Discipline::Fifo && self.overload.is_some() {
+            return;
+        }
         let overload = Overload::new(controller, discipline);
         self.ceiling = bounded(
             overload.controller.as_deref(),
