@@ -336,7 +336,7 @@ class Admission:
     def estimated_wait_s(self) -> float | None:
         """While the turn waits: seconds until it may start at the recent release rate
         (the estimator behind ``AdmissionRejected.retry_after``, unclamped); ``None``
-        otherwise or before the gate has any history."""
+        otherwise or until some turn of the gate has ended."""
     def __aenter__(self) -> Ready | Wait | LeaseWait: ...
     def __enter__(self) -> Admission: ...
     def __exit__(
