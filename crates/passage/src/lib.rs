@@ -167,6 +167,11 @@ impl Passage {
         self.gate.stats(|| self.now())
     }
 
+    /// How long turns that queued waited before they were admitted.
+    pub fn queue_wait(&self) -> core_api::HistogramSnapshot {
+        self.gate.queue_wait()
+    }
+
     /// The limits in force.
     pub fn limits(&self) -> ConcurrencyLimit {
         self.gate.limits()
