@@ -77,16 +77,16 @@ impl Body for Replayed {
 
     fn size_hint(&self) -> SizeHint {
         let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
-        let mut hint = self
+        let rest = self
             .rest
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        let lower = hint.lower().saturating_add(prefix);
-        let upper = hint.upper().map(|u| u.saturating_add(prefix));
-        hint.set_lower(lower);
-        if let Some(upper) = upper {
-            hint.set_upper(upper);
+        // Upper first: `set_lower` asserts it does not pass the upper bound.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(prefix));
         }
+        hint.set_lower(rest.lower().saturating_add(prefix));
         hint
     }
 }

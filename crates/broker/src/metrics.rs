@@ -208,6 +208,13 @@ pub fn render(broker: &Broker) -> String {
         "1 while the broker drains (SIGTERM).",
     );
     let _ = writeln!(out, "broker_draining {}", u8::from(passage.running().1));
+    family(
+        &mut out,
+        "broker_gate_in_flight",
+        "gauge",
+        "Slots of this broker's gate held (every transport).",
+    );
+    let _ = writeln!(out, "broker_gate_in_flight {}", stats.in_flight);
     if let Some(f) = fleet {
         let gauges = [
             (

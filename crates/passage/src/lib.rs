@@ -22,6 +22,8 @@
 //!    `closing`), then [`confirm`](core_api::Gate::confirm)s, or
 //!    [`revoke`](core_api::Gate::revoke)s with the reason the caller saw
 //!    (`fleet_unavailable`, `timeout`, `closing`) or as cancelled when the future was dropped.
+//!    Without a queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`)
+//!    and a full fleet refuses at once with `queue_full`, as a full local gate does.
 //! 3. **Counters settled as the caller experienced them**: the per-transport counters
 //!    ([`Transports`](core_api::Transports)) move when the outcome reaches the caller: queued
 //!    when it starts waiting, admitted when its permit exists, rejected with the reason it is
@@ -61,8 +63,8 @@ use admitgate_fleet::{FleetLimit, Lease};
 use tokio::sync::{oneshot, watch};
 
 use core_api::{
-    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, Registered, Rejection, Stats,
-    TransportId, Transports, TurnSlot, WaiterKey, Waker, Wakes,
+    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, Overflow, Registered, Rejection,
+    Stats, TransportId, Transports, TurnSlot, WaiterKey, Waker, Wakes,
 };
 
 /// Wakes a queued turn's future: the gate's hand-off, as a oneshot message.
@@ -241,12 +243,26 @@ impl Passage {
             ""
         };
         let mut closing = self.closing.subscribe();
-        let acquire = fleet.acquire(lease_scope);
+        // No queue (depth 0, refuse on overflow): the fleet is asked once, never waited on,
+        // so a full fleet refuses at once as a full local gate does.
+        let limits = self.gate.limits();
+        let no_queue = limits.queue_depth == 0 && limits.overflow == Overflow::Reject;
+        let acquire = async {
+            if no_queue {
+                match fleet.try_acquire(lease_scope).await {
+                    Ok(Some(lease)) => Ok(lease),
+                    Ok(None) => Err(Rejection::QueueFull),
+                    Err(_) => Err(Rejection::FleetUnavailable),
+                }
+            } else {
+                fleet
+                    .acquire(lease_scope)
+                    .await
+                    .map_err(|_| Rejection::FleetUnavailable)
+            }
+        };
         let outcome = tokio::select! {
-            lease = acquire => match lease {
-                Ok(lease) => Ok(lease),
-                Err(_) => Err(Rejection::FleetUnavailable),
-            },
+            lease = acquire => lease,
             () = sleep_until(deadline) => Err(Rejection::Timeout),
             _ = closing.wait_for(|closed| *closed) => Err(Rejection::Closing),
         };
