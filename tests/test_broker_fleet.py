@@ -29,7 +29,6 @@ from _a2a_app import (
     Latches,
     ServerThread,
     build_sdk_app,
-    jsonrpc,
     send_params,
 )
 from _broker import BrokerProcess, build_broker
@@ -76,7 +75,7 @@ def test_two_brokers_on_one_redis_share_the_cap_exactly(env: Any, redis_server: 
         keys = [uuid.uuid4().hex[:8] for _ in range(3)]
         threads = [
             threading.Thread(target=post_hold, args=(broker.url, k, results))
-            for broker, k in zip((a, b, a), keys)
+            for broker, k in zip((a, b, a), keys, strict=True)
         ]
         for thread in threads:
             thread.start()
@@ -97,9 +96,7 @@ def test_two_brokers_on_one_redis_share_the_cap_exactly(env: Any, redis_server: 
             thread.join(10)
         assert results == [200, 200, 200]
         # Released everywhere: the other broker gets the room back.
-        ok = httpx.post(
-            b.url + "/message:send", json=send_params("echo yes"), headers=A2A_HEADERS
-        )
+        ok = httpx.post(b.url + "/message:send", json=send_params("echo yes"), headers=A2A_HEADERS)
         assert ok.status_code == 200
     finally:
         assert a.stop() == 0
