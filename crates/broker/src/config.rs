@@ -19,7 +19,7 @@ use serde::Deserialize;
 /// until their response body ends or their client leaves; everything else (agent card, UIs,
 /// custom routes, health checks, WebSocket upgrades) is proxied untouched.
 #[derive(Parser, Debug, Default, Clone)]
-#[command(name = "admitgate-broker", version, about, long_about = None)]
+#[command(name = "admitgate-broker", version, about, long_about = None, allow_negative_numbers = true)]
 pub struct Flags {
     /// Address to accept clients on (HTTP/1.1 and h2c prior knowledge). Default 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
