@@ -37,6 +37,9 @@ Workloads (``--only`` takes these names, comma separated), one module each:
     Uncontended turns with memory-aware admission on against the same gate without it.
 ``threads`` (:mod:`benchmarks.threads`)
     4 threads, each with its own event loop, sharing one gate, against one thread alone.
+``asgi-parsers`` (:mod:`benchmarks.asgi_parsers`)
+    The HTTP front door's JSON-RPC head scan (issue 15's adversarial 64 KiB head and a
+    typical one) and its path classification, against the implementations before issue 15.
 
 Shared pieces: :mod:`benchmarks.harness` (timing, interleaving, medians, :class:`Result` with
 its targets and checks, printing), :mod:`benchmarks.subjects` (the gates and the floor),

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .asgi_parsers import bench_asgi_parsers
 from .contended import bench_contended
 from .harness import CheckFailed, Result, perf, print_result
 from .machine import machine
@@ -34,6 +35,7 @@ WORKLOADS: dict[str, Workload] = {
     "memory": bench_memory,
     "memory-aware": bench_memory_aware,
     "threads": bench_threads,
+    "asgi-parsers": bench_asgi_parsers,
 }
 
 #: Sizes of a full run and of ``--quick`` (tiny sizes, one repetition: the CI smoke test).
@@ -53,6 +55,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory_modes": ("rss", "tracemalloc"),
         "threads": (4, 50, 400),
         "threads_reps": 5,
+        "scan_bytes": 65536,
+        "scan_before_reps": 3,
+        "classify_calls": 20_000,
     },
     "quick": {
         "reps": 1,
@@ -68,6 +73,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory_modes": ("rss",),
         "threads": (4, 10, 10),
         "threads_reps": 1,
+        "scan_bytes": 4096,
+        "scan_before_reps": 1,
+        "classify_calls": 200,
     },
 }
 

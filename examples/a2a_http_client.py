@@ -24,7 +24,8 @@ def free_port() -> int:
 async def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    # A gate of one slot and no queue, so most of this burst is refused and retried.
+    # One slot and no queue, taken for a moment by another caller: the message is refused with
+    # 429 + Retry-After, waits it out and gets through once the slot is free.
     gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=0)
     assert gate is not None
     config = uvicorn.Config(build_app(url, gate), host="127.0.0.1", port=port, log_level="warning")
@@ -43,8 +44,15 @@ async def main() -> None:
                     return event.message.parts[0].text
                 return ""
 
-            print(await asyncio.gather(*(ask(f"hello {i}") for i in range(2))))
-        print("refused at the door, then retried:", gate.rejected, "times")
+            async def someone_else() -> None:
+                async with gate.admit(session_id="someone-else"):
+                    await asyncio.sleep(0.3)
+
+            busy = asyncio.create_task(someone_else())
+            await asyncio.sleep(0)  # it takes the only slot
+            print(await ask("hello"))
+            await busy
+        print("refusals before it got through:", gate.rejected)
     finally:
         server.should_exit = True
         await serving

@@ -2,7 +2,7 @@
 praisonai-bot's own session manager with a stand-in agent (no LLM, no network)."""
 
 import asyncio
-import time
+import threading
 
 import admitgate
 import admitgate.praisonai
@@ -16,11 +16,13 @@ from praisonai_bot.bots.botos import BotOS  # noqa: E402
 class StandInAgent:
     """What praisonai-bot needs from an agent: a chat history and chat()."""
 
+    answer_now = threading.Event()  # the example says when the "model" answers
+
     def __init__(self) -> None:
         self.chat_history: list[dict[str, str]] = []
 
-    def chat(self, prompt: str) -> str:
-        time.sleep(0.1)  # stands in for the model's answer
+    def chat(self, prompt: str) -> str:  # praisonai-bot runs it on a worker thread
+        self.answer_now.wait(timeout=10)  # stands in for the model's answer
         return f"answer to {prompt}"
 
 
@@ -37,8 +39,11 @@ async def main() -> None:
     turns = [manager.chat(StandInAgent(), "alice", f"question {i}") for i in range(5)]
     turns.append(manager.chat(StandInAgent(), "bob", "hello"))
     burst = asyncio.gather(*turns)
-    await asyncio.sleep(0.05)
-    print("alice runs at most 2 at once:", gate.scope_stats())
+    while gate.in_flight + gate.queued < 6:  # until the six turns have reached the gate
+        await asyncio.sleep(0.01)
+    tenants = gate.scope_stats()
+    print("alice runs at most 2 at once:", tenants["alice"], "bob:", tenants["bob"])
+    StandInAgent.answer_now.set()
     replies = await burst
     print(replies[-1])
     print(bot.admission_stats)  # the reference's keys, plus "cancelled"

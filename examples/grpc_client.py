@@ -25,15 +25,24 @@ async def ask(address: str, text: str) -> str:
 
 
 async def main() -> None:
-    # One slot and no queue, so the second call is refused once and retried.
+    # One slot and no queue, taken for a moment by another caller: the call is refused, waits
+    # out the pushback and gets through once the slot is free.
     gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=0)
     assert gate is not None
     server, port = build_server(gate, "127.0.0.1:0")
     await server.start()
+
+    async def someone_else() -> None:
+        async with gate.admit(session_id="someone-else"):
+            await asyncio.sleep(0.3)
+
     try:
         address = f"127.0.0.1:{port}"
-        print(await asyncio.gather(ask(address, "hello"), ask(address, "again")))
-        print("refused, then retried after the pushback:", gate.rejected, "times")
+        busy = asyncio.create_task(someone_else())
+        await asyncio.sleep(0)  # it takes the only slot
+        print(await ask(address, "hello"))
+        print("refusals before it got through:", gate.rejected)
+        await busy
     finally:
         await server.stop(grace=1)
 

@@ -1,9 +1,10 @@
 """An A2A agent over gRPC behind the gate's interceptor: `python grpc_server.py` serves it on
-127.0.0.1:50051 (or $ADMITGATE_EXAMPLE_PORT) until Ctrl-C. Health checks are never gated."""
+127.0.0.1:50051 (or $ADMITGATE_EXAMPLE_PORT) until Ctrl-C or SIGTERM. Health checks are never
+gated."""
 
 import asyncio
-import contextlib
 import os
+import signal
 
 import grpc
 from a2a.helpers.proto_helpers import get_message_text, new_text_message
@@ -63,14 +64,14 @@ async def main() -> None:
     gate = admitgate.build_admission_gate(max_concurrent_runs=20, queue_depth=40)
     assert gate is not None
     server, port = build_server(gate, f"127.0.0.1:{port}")
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or an orchestrator's stop
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     await server.start()
     print(f"serving on 127.0.0.1:{port}", flush=True)
-    try:
-        await server.wait_for_termination()
-    finally:
-        await server.stop(grace=5)
+    await stop.wait()
+    await server.stop(grace=5)  # running calls get 5 s to finish
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    asyncio.run(main())

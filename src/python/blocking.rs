@@ -13,6 +13,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use super::exit::detach_counted;
 use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{Core, PyWaker, ThreadSignal};
@@ -100,7 +101,7 @@ impl BlockingWait {
                 continue;
             }
             let signal = self.signal.clone();
-            py.detach(move || signal.wait(slice));
+            detach_counted(py, move || signal.wait(slice));
             if let Err(err) = py.check_signals() {
                 self.withdraw(py);
                 return Err(err);

@@ -1,10 +1,9 @@
 //! Error mapping and panic containment: the one place Rust failures become Python ones.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+pub use crate::core::unwind::catch_panic;
 use crate::core::ConfigError;
 
 pyo3::create_exception!(
@@ -33,9 +32,12 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Runs `f`, turning a Rust panic into [`InternalError`] (an `Exception` subclass) instead
 /// of PyO3's `PanicException`, which derives from `BaseException` and so escapes the
-/// `except Exception` guards gateways wrap their turns in.
+/// `except Exception` guards gateways wrap their turns in. Counts as being inside admitgate
+/// for the exit hook ([`super::exit`]); a daemon thread that a finalizing interpreter ends
+/// inside `f` anyway is parked, not caught ([`catch_panic`]).
 pub fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    let _inside = super::exit::Inside::enter();
+    match catch_panic(f) {
         Ok(result) => result,
         Err(payload) => Err(InternalError::new_err(format!(
             "admitgate internal error (Rust panic): {}",

@@ -41,6 +41,7 @@ pub fn register_sampler(sampler: &Arc<RssSampler>) {
 /// thread was inside a core operation when the process forked.
 #[pyfunction]
 pub fn _reset_after_fork() {
+    super::exit::reset_after_fork();
     for core in live(&GATES) {
         core.reset_after_fork();
     }

@@ -588,7 +588,7 @@ impl PyAdmissionGate {
                     return Ok(self.core.running().0 == 0);
                 }
                 let waiting = signal.clone();
-                if py.detach(move || waiting.wait(slice)) {
+                if super::exit::detach_counted(py, move || waiting.wait(slice)) {
                     return Ok(true);
                 }
                 py.check_signals()?;

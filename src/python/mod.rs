@@ -16,6 +16,7 @@ mod args;
 mod awaitables;
 mod blocking;
 mod errors;
+mod exit;
 mod fleet;
 mod fork;
 mod gate;
@@ -37,6 +38,8 @@ mod _admitgate {
     use super::awaitables::{QueueTimer, Ready, Wait};
     #[pymodule_export]
     use super::errors::InternalError;
+    #[pymodule_export]
+    use super::exit::_quiesce_at_exit;
     #[pymodule_export]
     use super::fleet::{
         _fleet_runtime_running, _reset_fleet_after_fork, LeaseWait, PyFleetLease, PyFleetLimit,

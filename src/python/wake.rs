@@ -16,7 +16,7 @@ use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::errors::guard;
+use super::errors::{catch_panic, guard};
 use super::runtime::{log, now};
 use crate::core::transport::Transports;
 use crate::core::{ConcurrencyLimit, Gate, WaiterKey, Waker, Wakes};
@@ -412,14 +412,16 @@ impl Waker for PyWaker {
 impl LoopWaker {
     fn wake(self) -> Wakes<PyWaker> {
         Python::attach(|py| {
+            // A wake-up runs Python code (`call_soon_threadsafe`), from whichever thread frees
+            // the slot: it must not run while the interpreter finalizes (see `exit`).
+            let _inside = super::exit::Inside::enter();
             // Recorded before the wake-up can run, so the turn's claim always finds (and
             // removes) the record.
             self.core
                 .in_transit
                 .lock()
                 .insert(self.key, self.event_loop.clone_ref(py));
-            let delivered =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.wake_on_loop(py)));
+            let delivered = catch_panic(|| self.wake_on_loop(py));
             match delivered {
                 Ok(Ok(true)) => return Wakes::default(),
                 Ok(_) => {}

@@ -475,6 +475,22 @@ fn validate_url(url: &str) -> Result<(), ConfigError> {
             "#insecure (no certificate check) is not supported; pass tls_ca_file for a private CA",
         ));
     }
+    // An `@` after the first `/`, `?` or `#` of the authority: a password holding one of those
+    // unescaped (the driver would read the text before it as the host, and no password, or
+    // only its start), or an `@` in the path, query or fragment. Either way the driver and the
+    // redaction (which hides up to the last `@`) would disagree about where the password is.
+    let after_authority = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once(['/', '?', '#']))
+        .map(|(_, after)| after);
+    if after_authority.is_some_and(|after| after.contains('@')) {
+        return Err(ConfigError::new(
+            "url",
+            shown(),
+            "has an @ after a /, ? or #: percent-encode any / ? # @ or % in the password \
+             (e.g. / as %2F)",
+        ));
+    }
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|_| {
         ConfigError::new(
             "url",
@@ -653,6 +669,30 @@ mod tests {
         encoded.validate().unwrap();
         assert_eq!(encoded.redacted_url(), "redis://:***@127.0.0.1:6379/0");
         assert!(url_secrets(&encoded.url).contains(&"Zm9v/YmFy+cXV4".to_owned()));
+    }
+
+    /// `redis://tok?en@h` parses (host `tok`, no password): the driver would dial `tok` and
+    /// print it, a piece of the token. An @ after a / ? or # is refused, so every accepted URL
+    /// has the password where both the driver and the redaction see it.
+    #[test]
+    fn an_at_after_the_authority_is_refused() {
+        for url in [
+            "redis://tok?en@127.0.0.1",
+            "redis://tok#en@127.0.0.1",
+            "redis://admin:pa/ss@127.0.0.1:6379/0",
+            "redis://127.0.0.1:6379/0?x=a@b",
+        ] {
+            let err = config(url).validate().unwrap_err();
+            let text = err.to_string();
+            assert_eq!(err.field, "url", "{text}");
+            assert!(text.contains("percent-encode"), "{text}");
+            for piece in ["tok", "en@", "pa/ss", "ss@"] {
+                assert!(!text.contains(piece), "{text}");
+            }
+        }
+        config("redis://admin:pa%2Fss@127.0.0.1:6379/0?protocol=resp3")
+            .validate()
+            .unwrap();
     }
 
     /// A URL that does not parse is never echoed, even redacted: with no `@` (or a typo'd

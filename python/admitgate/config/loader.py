@@ -38,9 +38,16 @@ from typing import Any
 
 from .._admitgate import ConcurrencyLimitPolicy
 from .._builders import build_memory_pressure_policy
-from .document import Document, Found, read_document
+from .document import Document, Found, kind_of, read_document
 from .memory import read_memory_limits
-from .settings import SETTING_NAMES, ConfigError, ConfigProblem, GateSettings, Setting
+from .settings import (
+    SETTING_NAMES,
+    SHOWN_CHARS,
+    ConfigError,
+    ConfigProblem,
+    GateSettings,
+    Setting,
+)
 from .warnings import find_warnings
 
 _COUNTS = ("max_concurrent_runs", "queue_depth", "max_concurrent_runs_per_scope")
@@ -84,11 +91,39 @@ def _reference_count(value: Any) -> int | None:
     return coerced if coerced >= 0 else None
 
 
+_EXPECTED = {
+    "max_concurrent_runs": "an integer",
+    "queue_depth": "an integer",
+    "max_concurrent_runs_per_scope": "an integer",
+    "overflow_policy": "a string",
+    "max_rss_mb": "a number",
+    "reliability": "a profile name string",
+    "drain_timeout": "a number of seconds",
+}
+
+
 class _Validator:
     """Validates found values with admitgate's own validation, collecting every problem."""
 
     def __init__(self) -> None:
         self.problems: list[ConfigProblem] = []
+
+    def plain(self, name: str, found: Found) -> bool:
+        """Whether the value is a scalar small enough for the gate's validation, whose
+        messages show it whole; otherwise refuses it, with a message that shows it cut."""
+        value = found.value
+        if isinstance(value, str) and len(value) > SHOWN_CHARS:
+            reason = f"{name} must be {_EXPECTED[name]}, not a string of {len(value)} characters"
+        elif isinstance(value, str) and ("@" in value or "://" in value):
+            # Never valid here, and maybe a URL with a password: the gate's message would
+            # show it whole.
+            reason = f"{name} must be {_EXPECTED[name]}, not a URL or an address"
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            return True
+        else:
+            reason = f"{name} must be {_EXPECTED[name]}, not a {kind_of(value)}"
+        self.refuse(name, found, reason)
+        return False
 
     def refuse(self, name: str, found: Found, reason: str) -> None:
         if isinstance(found.value, str) and "${" in found.value and found.source != "override":
@@ -103,6 +138,8 @@ class _Validator:
     def count(self, name: str, found: Found | None) -> int:
         if found is None or found.value is None:
             return 0  # praisonai-bot: int(None or 0)
+        if not self.plain(name, found):
+            return 0
         try:
             return int(getattr(ConcurrencyLimitPolicy(**{name: found.value}), name))
         except (ValueError, TypeError) as exc:
@@ -117,6 +154,8 @@ class _Validator:
         """The normalised policy and the value praisonai-bot's preset compares to "reject"."""
         if found is None:
             return "reject", "reject"
+        if not self.plain("overflow_policy", found):
+            return "reject", None
         written = found.value or "reject"  # praisonai-bot: value or "reject"
         try:
             if isinstance(found.value, bool):
@@ -127,7 +166,7 @@ class _Validator:
             return "reject", written
 
     def rss(self, found: Found | None) -> float:
-        if found is None or found.value is None:
+        if found is None or found.value is None or not self.plain("max_rss_mb", found):
             return 0.0
         try:
             policy = build_memory_pressure_policy(found.value)
@@ -147,7 +186,7 @@ class _Validator:
         return 0.0 if policy is None else float(policy.hard_rss_mb)
 
     def profile(self, found: Found | None) -> str | None:
-        if found is None or found.value is None:
+        if found is None or found.value is None or not self.plain("reliability", found):
             return None
         value = found.value
         if not isinstance(value, str):
@@ -162,7 +201,7 @@ class _Validator:
         return name
 
     def drain(self, found: Found | None) -> float | None:
-        if found is None or found.value is None:
+        if found is None or found.value is None or not self.plain("drain_timeout", found):
             return None
         value = found.value
         try:

@@ -9,6 +9,7 @@ the warning rules and the command line, so a value is spelt the same way everywh
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,15 +34,66 @@ SETTING_NAMES = (
 )
 
 
+#: The most characters of a value (or of a YAML error) a message shows.
+SHOWN_CHARS = 80
+
+
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text``, or its start and how long it was when longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def hide_user_info(text: str) -> str:
+    """``text`` with what may be a URL's user-info replaced by ``***``: after a leading
+    ``scheme://``, everything up to the last ``@`` (a password may hold ``/``, ``?``, ``#`` or
+    ``@``, as admitgate's fleet limit redacts it), or everything when there is no ``@`` (a URL
+    that does not parse may hold its password anywhere); without a scheme, everything before
+    the last ``@``."""
+    at = text.rfind("@")
+    scheme_end = text.find("://")
+    if 0 < scheme_end and text[:scheme_end].isalnum():
+        keep = scheme_end + 3
+        return f"{text[:keep]}***{text[at:]}" if at > scheme_end else f"{text[:keep]}***"
+    return f"***{text[at:]}" if at >= 0 else text
+
+
+class _ShortRepr(reprlib.Repr):
+    """``reprlib.Repr`` that hides user-info in strings, at any depth."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        return super().repr_str(hide_user_info(x), level)
+
+
+# Lists and mappings are shown a few levels and items deep: a file's value may be an alias
+# bomb, whose full repr would never end.
+_SHORT_REPR = _ShortRepr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 4
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = SHOWN_CHARS
+_SHORT_REPR.maxlong = 40
+
+
 def show_value(value: Any) -> str:
-    """A value as YAML would write it: ``null``, ``true``, ``'text'`` (quoted), ``3.5``."""
+    """A value as YAML would write it: ``null``, ``true``, ``'text'`` (quoted), ``3.5``.
+
+    Bounded whatever the value: a long string is cut (with its length), a huge integer
+    is described by its size, a list or mapping is shown a few items and levels deep. A
+    string's user-info (a URL's password) is hidden (:func:`hide_user_info`).
+    """
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return repr(value)
-    return str(value)
+        return clip(repr(hide_user_info(value)))
+    if isinstance(value, int) and value.bit_length() > 128:
+        # str() of a huge int is slow, and refused past 4300 digits.
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return clip(_SHORT_REPR.repr(value))
 
 
 def show_number(value: float) -> str:

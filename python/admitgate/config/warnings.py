@@ -15,12 +15,24 @@ from typing import Any
 
 from .._admitgate import RssSampler
 from .document import Block, Document, Found
-from .settings import SETTING_NAMES, ConfigWarning, GateSettings, show_number, show_value
+from .settings import (
+    SETTING_NAMES,
+    ConfigWarning,
+    GateSettings,
+    clip,
+    show_number,
+    show_value,
+)
 
 # Other keys praisonai-bot reads at these levels, never reported as typos of ours.
 _KNOWN_KEYS = frozenset(
     {"reload_drain_timeout", "per_turn_timeout", "max_connections", "max_queued_frames"}
 )
+
+
+# Keys per block compared with the setting names for a likely typo (difflib, about 0.1 ms a
+# key): a hand-written block has a few dozen keys, and a hostile file thousands.
+_MAX_FUZZY_CHECKS = 200
 
 
 def _at(line: int | None) -> str:
@@ -29,6 +41,7 @@ def _at(line: int | None) -> str:
 
 def _written_name(block: Block, key: str) -> str:
     """``max_rss_mb`` at the top level, ``gateway.max_rss_mb`` in the gateway: block."""
+    key = clip(key)  # a key may be as long as the file
     return key if block == "top" else f"gateway.{key}"
 
 
@@ -68,12 +81,14 @@ def find_warnings(
         )
     blocks: tuple[tuple[Block, dict[str, Any]], ...] = (("top", doc.data), ("gateway", doc.gateway))
     for block, keys in blocks:
+        fuzzy_left = _MAX_FUZZY_CHECKS
         for key in keys:
             if not isinstance(key, str) or key in SETTING_NAMES or key in _KNOWN_KEYS:
                 continue
             normal = key.strip().lower().replace("-", "_")
             match = normal if normal in SETTING_NAMES else None
-            if match is None:
+            if match is None and fuzzy_left > 0:
+                fuzzy_left -= 1
                 close = difflib.get_close_matches(normal, SETTING_NAMES, n=1, cutoff=0.8)
                 match = close[0] if close else None
             if match is not None:

@@ -682,7 +682,8 @@ pub fn acquire_blocking(
             task.abort();
             return Ok(Err(Blocked::TimedOut));
         }
-        let (got, back) = py.detach(move || (rx.recv_timeout(slice), rx));
+        let (got, back) =
+            crate::python::exit::detach_counted(py, move || (rx.recv_timeout(slice), rx));
         rx = back;
         match got {
             Ok(Ok(lease)) => return Ok(Ok(lease)),

@@ -1,0 +1,82 @@
+"""``python -m admitgate``: --help for the program and every command, a bare call prints the
+help instead of running something, usage errors exit 2, and the demo ends with its reading."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from admitgate import _demo
+from admitgate.__main__ import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_help_lists_every_command_and_exits_0():
+    done = subprocess.run(
+        [sys.executable, "-m", "admitgate", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m admitgate ")
+    for command, (summary, _) in COMMANDS.items():
+        assert f"  {command}" in done.stdout and summary in done.stdout
+    assert set(COMMANDS) == {"demo", "check-config", "bench"}
+
+
+def test_a_bare_call_prints_the_help_and_runs_nothing(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m admitgate ")
+    assert "admitgate demo:" not in out and "in_flight" not in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_command_answers_help_with_its_usage(capsys, command, flag):
+    assert main([command, flag]) == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m admitgate {command} ")
+
+
+def test_version(capsys):
+    import admitgate
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"admitgate {admitgate.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["frob"], ["--frob"], ["demo", "--frob"]])
+def test_usage_errors_exit_2_and_say_what_was_wrong(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "usage: python -m admitgate" in err and "frob" in err
+
+
+def test_the_demo_ends_with_a_two_line_reading_of_its_own_figures():
+    out = io.StringIO()
+    argv = ["--noisy-burst", "40", "--quiet-tenants", "3", "--quiet-turns", "2"]
+    result = _demo.main(argv, out=out)
+    last = out.getvalue().rstrip("\n").splitlines()[-2:]
+    noisy = result["tenants"]["noisy"]
+    assert last[0] == (
+        f"Reading: the noisy tenant sent 40 turns at once but never ran more than "
+        f"{noisy['peak_running']} at a time; {noisy['waited']} waited in its own lane and "
+        f"{noisy['rejected']} were refused with a busy reply."
+    )
+    assert noisy["peak_running"] == 4
+    assert last[1].startswith("Meanwhile all 6 turns of the 3 quiet tenants were admitted")
+
+
+def test_the_reading_says_so_when_quiet_tenants_lost_turns():
+    logs = {"noisy": _demo.TenantLog(turns=10, admitted=10, peak_running=4)}
+    logs["quiet-00"] = _demo.TenantLog(turns=5, admitted=3, rejected=2, waits_ms=[1.0, 2.0, 3.0])
+    first, second = _demo.reading(logs)
+    assert "0 were refused" in first
+    assert second.startswith("The 1 quiet tenants lost 2 of 5 turns")
