@@ -35,6 +35,7 @@ from _a2a_app import (
 from _broker import BrokerProcess, build_broker
 from _grpc_a2a import A2AServer, LoopThread, user_message
 from a2a.types import a2a_pb2_grpc
+from google.rpc import error_details_pb2, status_pb2
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
@@ -310,6 +311,22 @@ def test_grpc_is_gated_with_jsonrpc_under_one_cap_and_trailers_pass(env: Any) ->
             trailers = dict(error.trailing_metadata() or ())
             assert trailers["admitgate-reason"] == "queue_full"
             assert int(trailers["grpc-retry-pushback-ms"]) >= 1000
+            # The rich status, as the in-process interceptor sends it (ErrorInfo, RetryInfo).
+            status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+            assert (status.code, status.message) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                BUSY,
+            )
+            info = error_details_pb2.ErrorInfo()
+            assert status.details[0].Unpack(info)
+            assert (info.reason, info.domain, dict(info.metadata)) == (
+                "QUEUE_FULL",
+                "admitgate",
+                {"reason": "queue_full"},
+            )
+            retry = error_details_pb2.RetryInfo()
+            assert status.details[1].Unpack(retry)
+            assert retry.retry_delay.ToMilliseconds() == int(trailers["grpc-retry-pushback-ms"])
             # A call that is not work passes, and the upstream's own trailers arrive intact.
             busy = channel.unary_unary("/test.Plain/Busy")
             with pytest.raises(grpc.aio.AioRpcError) as upstream:
@@ -441,3 +458,59 @@ def test_refusal_logs_are_limited_to_one_line_per_second(env: Any) -> None:
             assert c.post("/message:send", json=send_params("echo no")).status_code == 429
     assert len(env.broker.events("refused")) - logged <= 2
     finish(env, (k1, a), (k2, b))
+
+
+def test_memory_pressure_of_the_agent_container_refuses_work(env: Any, tmp_path: Any) -> None:
+    """The container's cgroup v2 files (a directory laid out as /sys/fs/cgroup is): at the
+    hard ratio of memory.max new work is refused with 503 memory_pressure; reads pass."""
+    (tmp_path / "memory.max").write_text("1073741824\n")
+    (tmp_path / "memory.current").write_text("1000000000\n")  # 93 %
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--max-in-flight",
+        "4",
+        "--memory-hard-ratio",
+        "0.9",
+        "--memory-cgroup",
+        str(tmp_path),
+    )
+    try:
+        refused = httpx.post(
+            broker.url + "/message:send", json=send_params("echo no"), headers=A2A_HEADERS
+        )
+        assert refused.status_code == 503
+        assert refused.headers["admitgate-reason"] == "memory_pressure"
+        assert refused.headers["retry-after"] == "5"
+        assert httpx.get(broker.url + "/custom").status_code == 200
+        (tmp_path / "memory.current").write_text("500000000\n")
+        time.sleep(0.05)  # past the 5 ms cache
+        ok = httpx.post(
+            broker.url + "/message:send", json=send_params("echo yes"), headers=A2A_HEADERS
+        )
+        assert ok.status_code == 200
+    finally:
+        assert broker.stop() == 0
+    # Where the files are missing, memory-aware admission is off, with one warning.
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--memory-hard-ratio",
+        "0.9",
+        "--memory-cgroup",
+        str(tmp_path / "missing"),
+        metrics=False,
+    )
+    assert broker.stop() == 0
+    assert len(broker.events("memory_aware_admission_off")) == 1
+
+
+def test_sigterm_right_after_start_up_still_drains(env: Any) -> None:
+    """The signal handlers are in place before the broker says it listens. Fails before the
+    fix: they were installed by a task that had not run yet, and SIGTERM killed the process
+    (exit -15) without a drain."""
+    for _ in range(5):
+        broker = BrokerProcess(env.binary, "--upstream", env.server.url, metrics=False)
+        assert broker.stop() == 0

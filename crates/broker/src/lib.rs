@@ -139,23 +139,33 @@ pub async fn serve(config: Config, stop: watch::Receiver<bool>) -> Result<(), St
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT.
-async fn signalled() {
+/// Waits for SIGTERM or SIGINT. The handlers are installed when this is called, not when
+/// the future is first polled, so a signal that comes right after start-up is not missed
+/// (the default action would kill the process without a drain).
+fn signalled() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
-            return;
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// Runs the broker in this process (its own runtime) until SIGTERM / SIGINT and the drain.
@@ -168,8 +178,9 @@ pub fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async move {
         let (stop, stopped) = watch::channel(false);
+        let signal = signalled();
         tokio::spawn(async move {
-            signalled().await;
+            signal.await;
             stop.send_replace(true);
         });
         serve(config, stopped).await
