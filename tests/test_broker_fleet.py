@@ -101,7 +101,35 @@ def test_two_brokers_on_one_redis_share_the_cap_exactly(env: Any, redis_server: 
     finally:
         assert a.stop() == 0
         assert b.stop() == 0
-    assert not any(redis_server.password in line for line in a.raw + b.raw if redis_server.password)
+
+
+def test_the_redis_password_never_appears_in_a_log_line(env: Any, redis_tls_server: Any) -> None:
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--max-in-flight",
+        "2",
+        "--fleet",
+        redis_tls_server.url,
+        "--fleet-tls-ca-file",
+        redis_tls_server.ca_file,
+        "--fleet-key",
+        f"broker-secret:{uuid.uuid4().hex[:8]}",
+    )
+    try:
+        ok = httpx.post(
+            broker.url + "/message:send", json=send_params("echo x"), headers=A2A_HEADERS
+        )
+        assert ok.status_code == 200
+        assert broker.gauge("broker_fleet_backend_up") == 1
+    finally:
+        assert broker.stop() == 0
+    listening = broker.events("listening")[0]
+    assert listening["fleet"].startswith("rediss://") and "***" in listening["fleet"]
+    assert redis_tls_server.password and not any(
+        redis_tls_server.password in line for line in broker.raw
+    )
 
 
 def test_a_tenant_is_held_to_its_own_cap(env: Any) -> None:

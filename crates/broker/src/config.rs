@@ -77,6 +77,10 @@ pub struct Flags {
     /// Default local.
     #[arg(long, value_name = "MODE")]
     pub fleet_on_error: Option<String>,
+    /// A PEM file of the CA that signed a rediss:// fleet server's certificate. Default: the
+    /// system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tls_ca_file: Option<PathBuf>,
     /// Serve /metrics (Prometheus), /livez and /readyz on this address. Default: none.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
@@ -129,6 +133,7 @@ struct FileSettings {
     fleet: Option<String>,
     fleet_key: Option<String>,
     fleet_on_error: Option<String>,
+    fleet_tls_ca_file: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     drain_timeout: Option<f64>,
     first_bytes_timeout: Option<f64>,
@@ -177,6 +182,7 @@ pub struct Config {
     pub fleet: Option<String>,
     pub fleet_key: String,
     pub fleet_on_error: String,
+    pub fleet_tls_ca_file: Option<PathBuf>,
     pub metrics_listen: Option<SocketAddr>,
     pub drain_timeout: Duration,
     pub first_bytes_timeout: Duration,
@@ -388,6 +394,7 @@ impl Config {
             fleet: pick!(fleet),
             fleet_key: pick!(fleet_key).unwrap_or_else(|| "agent:default".into()),
             fleet_on_error,
+            fleet_tls_ca_file: pick!(fleet_tls_ca_file),
             metrics_listen: pick!(metrics_listen),
             drain_timeout: seconds("drain_timeout", pick!(drain_timeout).unwrap_or(15.0), true)?,
             first_bytes_timeout: seconds(

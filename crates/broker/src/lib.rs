@@ -73,6 +73,7 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, String> {
                 limits.max_concurrent_runs,
             );
             fleet.max_in_flight_per_scope = limits.max_per_scope;
+            fleet.tls_ca_file = config.fleet_tls_ca_file.clone();
             fleet.on_backend_error = if config.fleet_on_error == "reject" {
                 OnBackendError::Reject
             } else {
