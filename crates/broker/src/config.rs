@@ -96,6 +96,10 @@ pub struct Flags {
     /// Default 0.5.
     #[arg(long, value_name = "SECONDS")]
     pub upstream_idle_timeout: Option<f64>,
+    /// How many idle upstream connections are kept for reuse (per upstream); more are closed
+    /// once idle. Default 128.
+    #[arg(long, value_name = "N")]
+    pub upstream_max_idle: Option<usize>,
     /// Memory-aware admission: queue new work at this fraction of the agent container's
     /// memory.max (cgroup v2), 0 for none. Default 0.
     #[arg(long, value_name = "RATIO")]
@@ -138,6 +142,7 @@ struct FileSettings {
     drain_timeout: Option<f64>,
     first_bytes_timeout: Option<f64>,
     upstream_idle_timeout: Option<f64>,
+    upstream_max_idle: Option<usize>,
     memory_soft_ratio: Option<f64>,
     memory_hard_ratio: Option<f64>,
     memory_cgroup: Option<PathBuf>,
@@ -187,6 +192,7 @@ pub struct Config {
     pub drain_timeout: Duration,
     pub first_bytes_timeout: Duration,
     pub upstream_idle_timeout: Duration,
+    pub upstream_max_idle: usize,
     pub memory_soft_ratio: f64,
     pub memory_hard_ratio: f64,
     pub memory_cgroup: PathBuf,
@@ -407,6 +413,7 @@ impl Config {
                 pick!(upstream_idle_timeout).unwrap_or(0.5),
                 true,
             )?,
+            upstream_max_idle: pick!(upstream_max_idle).unwrap_or(128),
             memory_soft_ratio: soft,
             memory_hard_ratio: hard,
             memory_cgroup: pick!(memory_cgroup).unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),

@@ -96,12 +96,14 @@ impl Broker {
         let mut h1 = Client::builder(TokioExecutor::new());
         h1.pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.upstream_idle_timeout)
+            .pool_max_idle_per_host(config.upstream_max_idle)
             .retry_canceled_requests(true)
             .set_host(true);
         let mut h2 = Client::builder(TokioExecutor::new());
         h2.pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(config.upstream_idle_timeout)
+            .pool_max_idle_per_host(config.upstream_max_idle)
             .http2_only(true);
         Ok(Self {
             http1: h1.build(connector()),
