@@ -188,7 +188,10 @@ fn status_details(code: u8, reason: &str, pushback: Option<Duration>) -> Vec<u8>
     varint(&mut status, u64::from(code));
     field_bytes(&mut status, 2, BUSY_MESSAGE.as_bytes());
     field_bytes(&mut status, 3, &any(ERROR_INFO_TYPE, &info));
-    if let Some(delay) = pushback {
+    if let Some(hint) = pushback {
+        // Whole milliseconds, rounded up, as the pushback trailer and the Python interceptor
+        // send it.
+        let delay = Duration::from_millis(whole_ms(hint));
         let mut duration = Vec::new();
         let (secs, nanos) = (delay.as_secs(), delay.subsec_nanos());
         if secs > 0 {
