@@ -539,3 +539,78 @@ def test_sigterm_right_after_start_up_still_drains(env: Any) -> None:
     for _ in range(5):
         broker = BrokerProcess(env.binary, "--upstream", env.server.url, metrics=False)
         assert broker.stop() == 0
+
+
+def test_http2_prior_knowledge_on_the_same_port_reaches_an_http1_agent(env: Any) -> None:
+    """h2c clients (prior knowledge) on the HTTP/1.1 port: gated and refused alike, and the
+    agent (HTTP/1.1 only) gets the :authority as Host."""
+    k1, k2 = key(), key()
+    a, b = hold(env, k1), hold(env, k2)
+    with httpx.Client(base_url=env.broker.url, http1=False, http2=True) as c:
+        card = c.get("/.well-known/agent-card.json")
+        assert card.http_version == "HTTP/2" and card.status_code == 200
+        assert c.get("/echo-headers").json()["host"] == env.broker.address
+        refused = c.post(
+            "/", json=jsonrpc("SendMessage", send_params("echo no"), rpc_id=9), headers=A2A_HEADERS
+        )
+        assert refused.http_version == "HTTP/2" and refused.status_code == 429
+        assert refused.json()["id"] == 9
+    finish(env, (k1, a), (k2, b))
+    with httpx.Client(base_url=env.broker.url, http1=False, http2=True) as c:
+        ok = c.post("/", json=jsonrpc("SendMessage", send_params("echo yes")), headers=A2A_HEADERS)
+        assert ok.status_code == 200 and ok.json()["result"]
+
+
+def test_a_queued_request_waits_for_a_slot_or_times_out(env: Any) -> None:
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--max-in-flight",
+        "1",
+        "--queue-depth",
+        "1",
+        "--queue-timeout",
+        "1.5",
+    )
+    try:
+        k = key()
+        results: list[httpx.Response] = []
+        holder = threading.Thread(
+            target=lambda: results.append(
+                httpx.post(
+                    broker.url + "/message:send",
+                    json=send_params(f"hold {k}"),
+                    headers=A2A_HEADERS,
+                    timeout=30,
+                )
+            )
+        )
+        holder.start()
+        wait_until(env.latches[k].started.is_set)
+        started = time.monotonic()
+        timed_out = httpx.post(
+            broker.url + "/message:send", json=send_params("echo late"), headers=A2A_HEADERS
+        )
+        assert timed_out.status_code == 429
+        assert timed_out.headers["admitgate-reason"] == "timeout"
+        assert 1.4 < time.monotonic() - started < 5
+        waiter: list[httpx.Response] = []
+        queued = threading.Thread(
+            target=lambda: waiter.append(
+                httpx.post(
+                    broker.url + "/message:send",
+                    json=send_params("echo next"),
+                    headers=A2A_HEADERS,
+                    timeout=30,
+                )
+            )
+        )
+        queued.start()
+        broker.wait_for('broker_queued_requests{transport="rest"}', 1)
+        env.latches[k].release()
+        queued.join(10)
+        holder.join(10)
+        assert waiter[0].status_code == 200 and results[0].status_code == 200
+    finally:
+        assert broker.stop() == 0
