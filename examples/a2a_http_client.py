@@ -46,7 +46,8 @@ async def main() -> None:
 
             async def someone_else() -> None:
                 async with gate.admit(session_id="someone-else"):
-                    await asyncio.sleep(0.3)
+                    while gate.rejected == 0:  # holds the slot until the message was turned away
+                        await asyncio.sleep(0.01)
 
             busy = asyncio.create_task(someone_else())
             await asyncio.sleep(0)  # it takes the only slot

@@ -34,7 +34,8 @@ async def main() -> None:
 
     async def someone_else() -> None:
         async with gate.admit(session_id="someone-else"):
-            await asyncio.sleep(0.3)
+            while gate.rejected == 0:  # holds the slot until the call below was turned away
+                await asyncio.sleep(0.01)
 
     try:
         address = f"127.0.0.1:{port}"

@@ -14,6 +14,12 @@ on stdin and writes one JSON event per line on stdout:
     takes ``n`` leases and keeps them; answers ``{"event": "held", "ids": [...]}``.
 ``{"cmd": "release"}``
     gives back the leases kept by ``hold``; answers ``{"event": "released"}``.
+``{"cmd": "load", "clients": 20, "duration": 5.0, "hold": [0.02, 0.08], "seed": 1, "tag": "a"}``
+    runs ``clients`` clients, each taking turns back to back for ``duration`` seconds (holds
+    drawn from ``hold`` by a generator seeded with ``seed``). Streams ``{"event": "s", "i", "t"}``
+    when a turn starts and ``{"event": "e", "i", "t", "o"}`` when it ends (``o``: "ok", or the
+    ``AdmissionRejected`` reason of a refused turn), so a test still knows what a replica killed
+    mid-run had started; then ``{"event": "loaded", "tag", "stats"}``.
 ``{"cmd": "stats"}``
     answers ``{"event": "stats", "stats": {...}, "gate": {...}}`` (the limit's and the gate's).
 ``{"cmd": "exit"}``
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import sys
 import time
 from typing import Any
@@ -70,6 +77,38 @@ class ReplicaProcess:
             await lease.release()
         return {"scope": scope, "arrive": arrive, "start": start, "end": end}
 
+    async def load(self, command: dict[str, Any]) -> None:
+        """Clients taking turns back to back until the duration is up, streamed as they go."""
+        tag = str(command.get("tag", ""))
+        until = time.monotonic() + float(command["duration"])
+        low, high = (float(h) for h in command.get("hold", [0.02, 0.08]))
+        rng = random.Random(command.get("seed", 0))
+
+        async def client(c: int) -> None:
+            n = 0
+            while time.monotonic() < until:
+                turn = f"{tag}:{c}:{n}"
+                n += 1
+                hold = rng.uniform(low, high)
+                try:
+                    if self.gate is not None:
+                        async with self.gate.admit():
+                            emit("s", i=turn, t=time.monotonic())
+                            await asyncio.sleep(hold)
+                    else:
+                        lease = await self.limit.acquire()
+                        emit("s", i=turn, t=time.monotonic())
+                        await asyncio.sleep(hold)
+                        await lease.release()
+                except admitgate.AdmissionRejected as exc:
+                    emit("e", i=turn, t=time.monotonic(), o=exc.reason)
+                    await asyncio.sleep(0.01)
+                else:
+                    emit("e", i=turn, t=time.monotonic(), o="ok")
+
+        await asyncio.gather(*(client(c) for c in range(int(command["clients"]))))
+        emit("loaded", tag=tag, stats=self.limit.stats())
+
     async def held_turn(self, scope: str, entered: asyncio.Queue[str]) -> None:
         """A gate turn that runs until ``release``."""
         assert self.gate is not None
@@ -94,6 +133,10 @@ class ReplicaProcess:
         cmd = command["cmd"]
         if cmd == "turns":
             task = asyncio.ensure_future(self.turns(command))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif cmd == "load":
+            task = asyncio.ensure_future(self.load(command))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         elif cmd == "hold":

@@ -263,6 +263,15 @@ class Replica:
                 )
             self.seen.append(got)
 
+    def drain(self) -> list[dict[str, Any]]:
+        """Every event received so far (``seen`` first), emptying both."""
+        got, self.seen = self.seen, []
+        while True:
+            try:
+                got.append(self.events.get_nowait())
+            except queue.Empty:
+                return got
+
     def ask(self, command: dict[str, Any], event: str, timeout: float = 20.0) -> dict[str, Any]:
         """Sends ``command`` and returns the event it answers with."""
         self.send(command)

@@ -8,8 +8,10 @@ client over loopback. Timing is controlled by latches in the executor, not by sl
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
+import random
 import time
 import types
 import uuid
@@ -802,18 +804,36 @@ def test_a_queued_upload_whose_client_leaves_never_runs(
     assert rejected(gate, "jsonrpc") == 0
 
 
-def test_an_upload_past_the_queued_allowance_is_paused_and_runs_nothing_once_gone(
-    env: Any, front: Any
+def arrivals_add_up(gate: Any, arrivals: int) -> None:
+    """Every arrival counted once, as its client experienced it, and nothing held."""
+    s = gate.stats()
+    assert s["admitted"] + s["rejected"] + s["shed"] + s["cancelled"] == arrivals, s
+    assert (s["in_flight"], s["queued"]) == (0, 0), s
+
+
+@pytest.mark.parametrize(
+    ("sent", "declared", "cancelled"),
+    [(12_000, 20_000, 1), (1_500_000, 3_000_000, 0)],
+    ids=["tail-seen-at-admission", "tail-larger-than-the-read-at-admission"],
+)
+def test_an_upload_paused_past_the_queued_allowance_never_reaches_the_app_once_gone(
+    env: Any, front: Any, sent: int, declared: int, cancelled: int
 ) -> None:
-    """The documented limit: a queued request reads at most max_peek_bytes more of its body
-    while it waits; past that its upload is paused, so a client leaving then is only seen at
-    admission. Even then no agent work runs, the slot is freed at once and counters add up."""
+    """Issue 15 item 15: a queued request reads at most max_peek_bytes more of its body while
+    it waits; past that its upload is paused, so a client leaving then shows only at
+    admission. Fails before the fix: the ghost's truncated request reached the app (which
+    found the body cut short), counted admitted. Now the app never sees it: a disconnect seen
+    by the read at admission withdraws the turn (cancelled, its slot handed on); one that only
+    shows after more than that read (uvicorn shows it after every byte sent before it) is seen
+    while the rest of the body is read, before the app, and frees the slot (counted admitted:
+    the gate had already counted the start)."""
     gate = new_gate(1, queue=1)
-    front(gate, max_peek_bytes=1024)
+    app = AppCalls(env.sdk_app)
+    front(gate, app=app, max_peek_bytes=1024)
     k = key()
     request = rpc_send(key(), rpc_id="ghost")
-    request["params"]["pad"] = "p" * 20_000
-    body = json.dumps(request).encode()
+    request["params"]["pad"] = "p" * declared
+    body = json.dumps(request).encode()[:declared]
 
     async def main() -> None:
         async with client(env) as c:
@@ -822,21 +842,365 @@ def test_an_upload_past_the_queued_allowance_is_paused_and_runs_nothing_once_gon
             before = env.executor.executions
             _, ghost = await raw_upload(env, "/", body[:1500], len(body), "ghost")
             await wait_until(lambda: gate.queued == 1)
-            ghost.write(body[1500:12_000])  # well past the 1024 bytes read while queued
-            await ghost.drain()
+            # Well past the 1024 bytes read while queued; not drained: the server has stopped
+            # reading, the rest waits in buffers and goes out after the close, then the FIN.
+            ghost.write(body[1500:sent])
             ghost.close()
-            await ghost.wait_closed()
+            await asyncio.sleep(0.05)
+            assert gate.queued == 1  # paused: the client's leaving is not visible yet
             env.latches[k].release()
             assert (await holder).status_code == 200
+            await ghost.wait_closed()
             await wait_until(lambda: gate.in_flight == 0 and gate.queued == 0)
             ok = await c.post("/", json=jsonrpc("SendMessage", send_params("echo after")))
             assert ok.status_code == 200
             assert env.executor.executions - before == 1  # only "echo after" ran
 
     run(main(), timeout=20)
+    assert app.probes == []  # the ghost never reached the app
     assert counted(gate, "jsonrpc", 3)
-    assert gate.in_flight == 0 and gate.queued == 0
-    assert gate.admitted + gate.cancelled == 3  # the ghost either withdrew or ran nothing
+    assert gate.cancelled == cancelled and gate.admitted == 3 - cancelled
+    arrivals_add_up(gate, 3)
+
+
+@pytest.mark.parametrize("stage", ["read-at-admission", "rest-before-the-app"])
+def test_a_queued_upload_cancelled_while_its_body_is_read_gives_its_slot_back(
+    stage: str,
+) -> None:
+    """Cancellation races (ASGI level: the server cancels the request's task, as uvicorn does
+    at shutdown, while the middleware reads the body of a request the gate has just settled):
+    the slot is handed on, the app never runs, the counters add up. Before the claim the turn
+    counts as cancelled; after it, as admitted (the gate counted its start)."""
+    gate = new_gate(1, queue=1)
+    calls: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope)
+
+    middleware = AdmissionMiddleware(app, gate, max_peek_bytes=1024)
+    scope = {"type": "http", "method": "POST", "path": "/", "root_path": "", "headers": []}
+    # 1500 bytes (the peek), 1100 (the allowance while queued), then at admission 1100 more
+    # (the read before the claim), then nothing: the read that follows waits.
+    chunks = [b"{" + b" " * 1499, b" " * 1100, b" " * 1100]
+    asked = 0
+    stalled = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        asked += 1
+        if chunks:
+            return {"type": "http.request", "body": chunks.pop(0), "more_body": True}
+        stalled.set()
+        await asyncio.Event().wait()  # the client stays, sending nothing
+        raise AssertionError("unreachable")
+
+    async def send(message: Any) -> None:
+        raise AssertionError(f"nothing is sent: {message!r}")
+
+    async def main() -> None:
+        holder = gate.admit()
+        await holder.__aenter__()
+        if stage == "read-at-admission":
+            chunks.pop()  # the read before the claim is the one that waits
+        request = asyncio.create_task(middleware(scope, receive, send))
+        await wait_until(lambda: gate.queued == 1 and asked == 2)
+        await asyncio.sleep(0.01)
+        assert asked == 2  # paused past the allowance: nothing more is asked for
+        await holder.__aexit__(None, None, None)
+        await asyncio.wait_for(stalled.wait(), 5)
+        assert gate.in_flight == 1 and gate.queued == 0  # the slot is the request's
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+
+    run(main())
+    assert calls == []
+    assert gate.cancelled == (1 if stage == "read-at-admission" else 0)
+    arrivals_add_up(gate, 2)
+
+
+@pytest.mark.parametrize("client_stays", [False, True], ids=["gone", "stays"])
+def test_an_upload_waiting_for_its_fleet_lease_is_watched_too(
+    redis_server: Any, client_stays: bool
+) -> None:
+    """With a fleet limit the middleware steps the gate's LeaseWait the same way (ASGI level,
+    against a real redis-server): a client gone while its request waits for the lease, past
+    the allowance, is seen when the lease comes and never reaches the app (its lease and
+    slot are handed back, counted cancelled); one that stays gets its whole body to the app."""
+    limit = admitgate.FleetLimit(redis_server.url, f"asgi:{key()[:12]}", 1)
+    gate = admitgate.build_admission_gate(max_concurrent_runs=4, queue_depth=4, fleet=limit)
+    assert gate is not None
+    received: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        received.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware = AdmissionMiddleware(app, gate, max_peek_bytes=1024)
+    scope = {"type": "http", "method": "POST", "path": "/", "root_path": "", "headers": []}
+    data = b"{" + bytes(range(256)) * 20
+    chunks = [data[i : i + 1500] for i in range(0, len(data), 1500)]
+    tail: list[dict[str, Any]] = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+    if not client_stays:
+        tail[2:] = [{"type": "http.disconnect"}]  # seen by the read when the lease comes
+    asked = 0
+    released = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        asked += 1
+        if asked > 2:  # paused past the allowance until the lease comes
+            await released.wait()
+        return tail.pop(0) if tail else {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def main() -> None:
+        holder = gate.admit()
+        await holder.__aenter__()
+        request = asyncio.create_task(middleware(scope, receive, send))
+        await wait_until(lambda: asked == 2)
+        assert gate.in_flight == 2  # the holder, and the request's local slot
+        released.set()
+        await holder.__aexit__(None, None, None)
+        await asyncio.wait_for(request, 10)
+
+    run(main(), timeout=20)
+    if client_stays:
+        assert received == [data] and (gate.admitted, gate.cancelled) == (2, 0)
+    else:
+        assert received == [] and (gate.admitted, gate.cancelled) == (1, 1)
+    arrivals_add_up(gate, 2)
+
+
+class BodyEcho:
+    """In front of the SDK app: a request with an ``x-echo`` header is answered with the
+    SHA-256 and length of the body the app received."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or (b"x-echo", b"1") not in scope["headers"]:
+            await self.app(scope, receive, send)
+            return
+        digest, size = hashlib.sha256(), 0
+        while True:
+            message = await receive()
+            assert message["type"] == "http.request", message
+            digest.update(message["body"])
+            size += len(message["body"])
+            if not message.get("more_body"):
+                break
+        payload = json.dumps({"sha256": digest.hexdigest(), "size": size}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+async def raw_echo_upload(
+    env: Any, body: bytes, chunk: int, chunked: bool, queued: asyncio.Event
+) -> dict[str, Any]:
+    """POST ``body`` to "/" with ``x-echo``, in writes of ``chunk`` bytes (as HTTP chunks when
+    ``chunked``), its first 1500 bytes or more before the request queues and the rest once
+    ``queued`` is set; returns the echo."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", env.server.port)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+    writer.write(f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nx-echo: 1\r\n{framing}\r\n\r\n".encode())
+
+    async def write(piece: bytes) -> None:
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+        await writer.drain()
+
+    # Past the peek (1024 bytes) first, so the request reaches the queue; the rest once queued.
+    first = -(-1500 // chunk) * chunk
+    for i in range(0, len(body), chunk):
+        if i == first:
+            await queued.wait()
+        await write(body[i : i + chunk])
+        if i % (chunk * 64) == 0:
+            await asyncio.sleep(0.001)  # let the server take what it has, now and then
+    if chunked:
+        writer.write(b"0\r\n\r\n")
+    response = b""
+    while not response.endswith(b"}"):
+        piece = await reader.read(65536)
+        assert piece, response
+        response += piece
+    writer.close()
+    await writer.wait_closed()
+    head, _, payload = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    result: dict[str, Any] = json.loads(payload)
+    return result
+
+
+def test_a_queued_upload_reaches_the_app_byte_for_byte_whatever_its_chunks(
+    env: Any, front: Any
+) -> None:
+    """Differential: what the app receives is exactly what the client sent, for uploads that
+    queue with their bodies in many chunk sizes (one byte to 300 KB, Content-Length and chunked
+    framing), read in part while queued, in part at admission and the rest before the app."""
+    gate = new_gate(1, queue=16)
+    front(gate, app=BodyEcho(env.sdk_app), max_peek_bytes=1024)
+    rng = random.Random(15)
+    cases = [
+        (1, 3_000),
+        (7, 5_000),
+        (1000, 20_000),
+        (1023, 3_071),
+        (1024, 4_096),
+        (1025, 9_000),
+        (4096, 200_000),
+        (65536, 600_000),
+        (300_000, 1_200_000),
+    ]
+    bodies = [rng.randbytes(size) for _, size in cases]
+    k = key()
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            queued = asyncio.Event()
+            uploads = [
+                asyncio.create_task(raw_echo_upload(env, data, chunk, i % 2 == 1, queued))
+                for i, ((chunk, _), data) in enumerate(zip(cases, bodies, strict=True))
+            ]
+            await wait_until(lambda: gate.queued == len(cases))
+            queued.set()
+            await asyncio.sleep(0.02)  # some bodies are past the allowance when slots free
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            echoes = await asyncio.gather(*uploads)
+            for data, echo in zip(bodies, echoes, strict=True):
+                assert echo == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            await wait_until(lambda: gate.in_flight == 0)  # released just after the response
+
+    run(main(), timeout=30)
+    assert gate.admitted == 1 + len(cases)
+    arrivals_add_up(gate, 1 + len(cases))
+
+
+def test_a_queued_client_that_stops_sending_holds_its_slot_and_stalls_nothing(
+    env: Any, front: Any
+) -> None:
+    """A client that stays but stops sending after its slot is granted holds the slot until it
+    goes on (as it would in the app, which waits for the body too); the loop serves others
+    meanwhile, and the app gets the whole body once it arrives."""
+    gate = new_gate(1, queue=2)
+    front(gate, app=BodyEcho(env.sdk_app), max_peek_bytes=1024)
+    k = key()
+    data = random.Random(16).randbytes(200_000)
+
+    async def main() -> None:
+        async with client(env) as c:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k)))
+            await started(env, k)
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.server.port)
+            writer.write(
+                f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nx-echo: 1\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data[:150_000]
+            )
+            await wait_until(lambda: gate.queued == 1)
+            env.latches[k].release()
+            assert (await holder).status_code == 200
+            await wait_until(lambda: gate.queued == 0 and gate.in_flight == 1)
+            # Its slot is granted; it has sent nothing more. Others are still served at once.
+            card = await c.get("/.well-known/agent-card.json")
+            assert card.status_code == 200
+            behind = asyncio.create_task(
+                c.post("/", json=jsonrpc("SendMessage", send_params("echo x")))
+            )
+            await wait_until(lambda: gate.queued == 1)  # the slot is still the upload's
+            await asyncio.sleep(0.05)
+            assert gate.in_flight == 1 and gate.queued == 1 and not behind.done()
+            writer.write(data[150_000:])
+            response = b""
+            while not response.endswith(b"}"):
+                piece = await reader.read(65536)
+                assert piece, response
+                response += piece
+            writer.close()
+            await writer.wait_closed()
+            echo = json.loads(response.partition(b"\r\n\r\n")[2])
+            assert echo == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            after = await behind
+            assert after.status_code == 200 and after.json()["result"]["message"]
+            await wait_until(lambda: gate.in_flight == 0)
+
+    run(main(), timeout=20)
+    assert gate.admitted == 3
+    arrivals_add_up(gate, 3)
+
+
+def test_a_queued_stream_with_a_large_body_streams_and_holds_its_slot_to_the_end(
+    env: Any, front: Any
+) -> None:
+    """Streaming responses are unaffected: a SendStreamingMessage that queued with a body past
+    the allowance streams its events and holds its slot until the stream ends."""
+    gate = new_gate(1, queue=1)
+    front(gate, max_peek_bytes=1024)
+    k1, k2 = key(), key() + "x" * 20_000  # the latch key is the text after "hold "
+    request = json.dumps(rpc_send(k2, method="SendStreamingMessage", rpc_id="s")).encode()
+
+    go, sent = asyncio.Event(), asyncio.Event()
+
+    async def upload() -> AsyncIterator[bytes]:
+        yield request[:1500]
+        await go.wait()  # queued: the rest goes past the 1024 bytes read while it waits
+        for i in range(1500, len(request), 1000):
+            yield request[i : i + 1000]
+        sent.set()
+
+    async def main() -> None:
+        async with client(env) as c, client(env) as other:
+            holder = asyncio.create_task(c.post("/", json=rpc_send(k1)))
+            await started(env, k1)
+
+            async def stream() -> int:
+                events = 0
+                async with other.stream("POST", "/", content=upload()) as response:
+                    assert response.status_code == 200
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        events += 1
+                        if events == 1:
+                            await started(env, k2)
+                            assert gate.in_flight == 1 and gate.queued == 0
+                            env.latches[k2].release()
+                return events
+
+            streaming = asyncio.create_task(stream())
+            await wait_until(lambda: gate.queued == 1)
+            go.set()
+            await sent.wait()
+            await asyncio.sleep(0.02)
+            env.latches[k1].release()
+            assert (await holder).status_code == 200
+            assert await streaming >= 3  # task, working, completed
+            await wait_until(lambda: gate.in_flight == 0)
+
+    run(main(), timeout=20)
+    assert gate.admitted == 2
+    arrivals_add_up(gate, 2)
 
 
 def test_a_queued_upload_is_read_while_it_waits_and_reaches_the_app_whole(

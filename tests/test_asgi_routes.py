@@ -314,3 +314,22 @@ def test_the_known_bypasses() -> None:
     assert middleware._classify("POST", "/\n", "") == _JSONRPC
     assert middleware._classify("POST", "/v1/message:send", "") == _REST_WORK
     assert middleware._classify("POST", "/message:send/message:send", "") == _REST_WORK
+
+
+def test_jsonrpc_work_methods_are_the_sdks_work_methods() -> None:
+    """The JSON-RPC side of the same rule: the methods the middleware gates are exactly the
+    ones the SDK's dispatchers (1.0 and the v0.3 adapter) route to SendMessage,
+    SendStreamingMessage, SubscribeToTask and their v0.3 forms."""
+    from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
+    from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+    from admitgate.asgi import _WORK_METHODS
+
+    work_models = {
+        "SendMessageRequest",
+        "SendStreamingMessageRequest",
+        "SubscribeToTaskRequest",
+        "TaskResubscriptionRequest",
+    }
+    tables = {**JsonRpcDispatcher.METHOD_TO_MODEL, **JSONRPC03Adapter.METHOD_TO_MODEL}
+    sdk_work = {method for method, model in tables.items() if model.__name__ in work_models}
+    assert sdk_work == set(_WORK_METHODS)

@@ -80,3 +80,30 @@ def test_the_reading_says_so_when_quiet_tenants_lost_turns():
     first, second = _demo.reading(logs)
     assert "0 were refused" in first
     assert second.startswith("The 1 quiet tenants lost 2 of 5 turns")
+
+
+def test_bench_help_outside_a_checkout_says_where_it_runs_and_exits_0(tmp_path):
+    import os
+    import shutil
+
+    import admitgate
+
+    site = tmp_path / "site"
+    shutil.copytree(
+        Path(admitgate.__file__).parent,
+        site / "admitgate",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "admitgate", "bench", "--help"],
+        cwd=site,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m admitgate bench ")
+    assert "source checkout" in done.stdout

@@ -226,14 +226,18 @@ class AdmissionGate:
         construction (a bad value changes nothing). Lowering the ceiling never cancels a
         running turn; raising it starts waiting turns at once; shrinking the queue refuses
         the newest waiters of each lane past the new depth (``queue_full``) except under the
-        ``queue`` policy. Returns how many waiters were refused."""
+        ``queue`` policy. Turns let through while the gate enforced nothing count against a
+        ceiling set now. Memory pressure is sampled afresh: if it eased (or ``max_rss_mb=0``
+        turned memory-aware admission off), the waiters it held back start at once. Returns
+        how many waiters were refused."""
     def scope_stats(self) -> dict[str, dict[str, int]]:
         """``{tenant: {"in_flight": n, "queued": n}}`` for tenants with turns running or
         waiting; empty when per-tenant limits are off."""
     def close(self, drain_timeout: float | None = None) -> Coroutine[Any, Any, DrainReport]:
-        """Drain: stop admitting (``closing``), refuse every queued turn at once, never
-        cancel a running one, wait up to ``drain_timeout`` seconds for running turns to
-        end. Returns a :class:`DrainReport`; a closed gate stays closed."""
+        """Drain: stop admitting (``closing``), refuse every queued turn at once (and, with
+        a fleet limit, every turn still waiting for its lease), never cancel a running one,
+        wait up to ``drain_timeout`` seconds for running turns to end. Returns a
+        :class:`DrainReport`; a closed gate stays closed."""
     def close_sync(self, drain_timeout: float | None = None) -> DrainReport:
         """:meth:`close` for threaded code: blocks without the GIL."""
     @property

@@ -18,7 +18,8 @@ class DrainReport(NamedTuple):
     ``finished``: turns that were running when the drain began and ended before it returned.
     ``still_running``: turns still running when it returned (the timeout passed first); they
     are never cancelled. ``queued_rejected``: waiting turns refused with ``closing`` when the
-    drain began.
+    drain began, turns that held their local slot while waiting for a fleet lease included
+    (they had not started).
     """
 
     finished: int

@@ -21,7 +21,8 @@ path with one final newline (``/message:send%0A``: Starlette's ``$`` matches bef
   the body (at most ``max_peek_bytes``, plus the rest of the chunk that crosses it) to learn
   ``method`` and ``id``, then replays exactly those bytes, followed by the rest of the
   stream, to the app. A body that does not end within the prefix is not buffered whole: the
-  middleware stops looking, treats the request as gated work and streams the rest through.
+  middleware stops looking, treats the request as gated work and streams the rest through
+  (unless the request queued: see below).
 - **REST** (HTTP+JSON binding, transport ``"rest"``): the routes of ``create_rest_routes``:
   ``/message:send``, ``/message:stream``, ``/tasks``, ``/tasks/{id}``,
   ``/tasks/{id}:cancel``, ``/tasks/{id}:subscribe``,
@@ -48,17 +49,27 @@ still be polled and told to stop. ``gate_methods="all"`` gates every A2A request
 broker does.
 
 A gated request holds its slot until its response body has been sent in full (an SSE stream:
-the whole stream) or the client disconnects, whichever comes first. A queued request keeps
-reading its body while it waits (up to ``max_peek_bytes`` more, kept for the app), because a
-client leaving shows only as ``receive()`` returning ``http.disconnect`` after the body's
-chunks: a client that leaves while queued, mid-upload or after it, withdraws at once (it frees
-its queue place, counts as ``cancelled``, never takes a slot and never reaches the app). An
-upload still flowing past that allowance is paused by back-pressure until admission; a client
-that leaves during that pause is seen when the app reads the body, and its slot is freed then. A refused request never reaches the app: it gets
-the HTTP status of :data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole
-seconds (rounded up; omitted when there is no hint, i.e. for ``policy``), an
-``admitgate-reason`` header with the reason (as the gRPC front door's trailer) and a body the
-A2A SDK's client understands: for JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
+the whole stream) or the client disconnects, whichever comes first. A client leaving shows
+only as ``receive()`` returning ``http.disconnect``, after every body chunk sent before it, so
+the middleware reads a queued request's body to see it. While queued it reads up to
+``max_peek_bytes`` more (kept for the app): a client that leaves then withdraws at once (it
+frees its queue place, counts as ``cancelled``, never takes a slot). Past that allowance the
+upload is paused by back-pressure. When the gate settles the turn, the middleware reads up to
+``max_peek_bytes`` more before the turn is claimed, and a client gone by then withdraws the
+same way, its granted slot handed to the next waiter. If the body has still not ended, the
+rest is read before the app is called, holding the slot as the app reading it would. A client
+seen to leave there frees the slot at once; the gate has already counted that turn as
+admitted, although it ran nothing. So a request that queued reaches the app only with its
+whole body: a truncated upload never does. The body is then held in memory, as the A2A SDK
+holds it anyway. A client that stays but stops sending holds its slot for as long as it
+stays, as it would in the app: bound that with the server's or a proxy's body timeout. A
+request admitted on arrival streams its body to the app as it comes.
+
+A refused request never reaches the app: it gets the HTTP status of
+:data:`admitgate.REJECTION_REASONS` (429 or 503), ``Retry-After`` in whole seconds (rounded
+up; omitted when there is no hint, i.e. for ``policy``), an ``admitgate-reason`` header with
+the reason (as the gRPC front door's trailer) and a body the A2A SDK's client understands: for
+JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
 :data:`JSONRPC_REJECTED_CODE` (-32029), for REST the SDK's REST error shape
 (``google.rpc.Status`` with ``ErrorInfo`` of domain :data:`ERROR_DOMAIN` and ``RetryInfo``).
 
@@ -152,7 +163,7 @@ _AFTER_VALUE = re.compile(r"[ \t\n\r]*([,}])")
 _MAX_HEAD_MEMBERS: Final = 64
 
 
-def _scan_head(head: bytes) -> tuple[object, object]:
+def _scan_head(head: bytes | bytearray) -> tuple[object, object]:
     """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
 
     Walks only the top-level object, so a nested ``"method"`` inside ``params`` is never taken
@@ -213,63 +224,121 @@ def _response_id(value: object) -> str | int | None:
     return value
 
 
-async def _wait_unless_gone(
-    entry: Awaitable[Any],
-    receive: Receive,
-    pending: list[Message],
-    more: bool,
-    budget: int,
-    admission: Any,
-) -> bool:
+class _Body:
+    """The part of a gated request's body read before the app runs, kept for it: the bytes so
+    far, in one buffer (so a body sent in many small chunks costs its bytes, not a message per
+    chunk), and whether more follow."""
+
+    __slots__ = ("data", "more", "_first")
+
+    def __init__(self, message: Message) -> None:
+        # The first chunk as it came (no copy: most bodies are one message, handed to the app
+        # as received); a bytearray once a second chunk is added, so appending stays linear.
+        self._first: Message | None = message
+        self.data: bytes | bytearray = message.get("body", b"")
+        self.more: bool = message.get("more_body", False)
+
+    def add(self, message: Message) -> int:
+        """Append one ``http.request`` message; returns how many bytes it brought."""
+        chunk = message.get("body", b"")
+        if self._first is not None:
+            self._first = None
+            self.data = bytearray(self.data)
+        self.data += chunk
+        self.more = message.get("more_body", False)
+        return len(chunk)
+
+    def message(self) -> Message:
+        """The bytes so far as one ``http.request`` message, emptying the buffer (the app is
+        given this first, then the rest of the stream)."""
+        message = self._first
+        if message is None:
+            message = {"type": "http.request", "body": bytes(self.data), "more_body": self.more}
+        self._first = None
+        self.data = b""
+        return message
+
+
+async def _read_body(receive: Receive, body: _Body, limit: int | None) -> bool:
+    """Read on while the body has more, until ``body`` holds ``limit`` bytes (``None``: to its
+    end). False if the client left (the next ``receive()`` returned ``http.disconnect``, or
+    anything else that is not a body chunk)."""
+    while body.more and (limit is None or len(body.data) < limit):
+        message = await receive()
+        if message["type"] != "http.request":
+            return False
+        body.add(message)
+    return True
+
+
+async def _wait_unless_gone(entry: Any, receive: Receive, body: _Body, allowance: int) -> bool:
     """Wait for a queued request's slot while watching for its client leaving; False if it
-    left (then no slot is held and the app is never called).
+    left (then the turn is withdrawn, counts as ``cancelled``, and no slot is held).
 
     ASGI shows a client leaving only as the next ``receive()`` returning ``http.disconnect``,
-    and that ``receive()`` returns the body's next chunk first when there is one. So while
-    the body is still coming (``more``), the chunks it returns are kept in ``pending`` for
-    the app, in order, up to ``budget`` bytes. Past that the wait stops reading: the server
-    stops reading the socket (TCP back-pressure pauses the upload), memory stays bounded, and
-    a client leaving during the pause is only seen once the request is admitted (the app then
-    gets ``http.disconnect`` as its body runs out, and the slot is freed at that moment). Once
-    the body has ended, the next ``receive()`` returns only on a disconnect.
+    and that ``receive()`` returns the body's next chunk first when there is one (uvicorn's
+    included: it returns the body it has buffered before a disconnect it has not read yet).
+    So while the body is still coming, the chunks are kept in ``body`` for the app, up to
+    ``allowance`` bytes more. Past that the wait stops reading: the server stops reading the
+    socket (TCP back-pressure pauses the upload) and memory stays bounded. Once the body has
+    ended, the next ``receive()`` returns only on a disconnect.
+
+    The gate's awaitable (a ``Wait``, or with a fleet limit a ``LeaseWait``) is stepped here
+    as an asyncio task would step it, so that between the gate settling the turn (its future
+    resolving) and the turn being claimed (the next step, which counts it ``admitted``) the
+    body can be read once more, up to ``allowance`` bytes, if it has not ended: a client that
+    left during the pause shows here, and withdrawing now (``close()``) hands the granted slot
+    to the next waiter and counts the turn as ``cancelled``. That is what happened: the turn
+    never started, its client withdrew, exactly as one that leaves while queued; counting it
+    ``admitted`` would report agent work that never ran. The read is bounded because the
+    settled future does not say whether the turn was granted or refused, and a refused turn's
+    body must not be buffered without bound. A refusal is therefore answered only after that
+    read (at most ``allowance`` bytes of a client that is sending).
     """
-    waiter = asyncio.ensure_future(entry)
+    steps = entry.__await__()
+    thrown: BaseException | None = None
     watcher: asyncio.Future[Message] | None = None
+    budget = allowance
     try:
-        while not (more and budget <= 0):
-            watcher = asyncio.ensure_future(receive())
-            await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
-            if not watcher.done():
-                watcher.cancel()
-                break
-            message = watcher.result()
-            watcher = None
-            if message["type"] == "http.disconnect":
-                waiter.cancel()
-                try:
-                    await waiter
-                except (asyncio.CancelledError, AdmissionRejected):
+        while True:
+            # One step: the gate claims the outcome (StopIteration: admitted; AdmissionRejected:
+            # refused) or hands the next future to wait for (the slot, then a fleet lease).
+            try:
+                fut = next(steps) if thrown is None else steps.throw(thrown)
+            except StopIteration:
+                return True
+            thrown = None
+            while not fut.done():
+                if body.more and budget <= 0:  # paused: the body waits in the socket
+                    await asyncio.wait((fut,))
+                    break
+                watcher = asyncio.ensure_future(receive())
+                await asyncio.wait((fut, watcher), return_when=asyncio.FIRST_COMPLETED)
+                if not watcher.done():
+                    watcher.cancel()
+                    watcher = None
+                    break
+                message = watcher.result()
+                watcher = None
+                if message["type"] != "http.request":
+                    steps.close()  # withdraw: counted cancelled, never takes a slot
                     return False
-                # Granted in the same instant the client left: give the slot back.
-                await admission.__aexit__(None, None, None)
+                budget -= body.add(message)
+            if body.more and not await _read_body(receive, body, len(body.data) + allowance):
+                steps.close()  # left during the pause: a granted slot is handed on
                 return False
-            pending.append(message)
-            if message["type"] == "http.request":
-                budget -= len(message.get("body", b""))
-                more = message.get("more_body", False)
-            if waiter.done():
-                break
+            # As a task does: the future's exception (a fleet refusal), or its cancellation (a
+            # deadline), is thrown into the awaitable, which turns it into the refusal.
+            if fut.cancelled():
+                thrown = asyncio.CancelledError()
+            else:
+                thrown = fut.exception()
     except BaseException:
-        # Cancelled from outside: withdraw, or give back a slot granted meanwhile.
+        # Cancelled from outside (or a step failed): withdraw, handing on a granted slot.
         if watcher is not None:
             watcher.cancel()
-        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-            await admission.__aexit__(None, None, None)
-        else:
-            waiter.cancel()
+        steps.close()
         raise
-    await waiter
-    return True
 
 
 class _TooDeep:
@@ -279,7 +348,7 @@ class _TooDeep:
 _TOO_DEEP: Final = _TooDeep()
 
 
-def _parse(body: bytes) -> object:
+def _parse(body: bytes | bytearray) -> object:
     """``json.loads(body)``, exactly as the A2A SDK parses the request (Starlette's
     ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid,
     :data:`_TOO_DEEP` if nested deeper than ``json`` follows on this stack.
@@ -355,7 +424,7 @@ class AdmissionMiddleware:
             the gate has none.
         max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
             method and ``id``; also how much more of a queued request's body is read (and
-            kept) while it waits, to see its client leave.
+            kept) while it waits, and again when the gate settles it, to see its client leave.
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
@@ -418,6 +487,27 @@ class AdmissionMiddleware:
         """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
         return self._routes.kind(method, path, root_path)
 
+    def _inspect(self, kind: int, body: bytes | bytearray, more: bool) -> tuple[bool, object]:
+        """``(gated, rpc_id)`` of a request from the start of its ``body`` (``more``: it does
+        not end there): whether it takes a slot, and the JSON-RPC ``id`` a refusal carries."""
+        rpc_id: object = None
+        gated = True
+        if kind == _JSONRPC:
+            if more or len(body) > self.max_peek_bytes:
+                # Too long to inspect: gated work, whatever its method says.
+                rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
+            else:
+                request = _parse(body)
+                if request is _TOO_DEEP:  # unreadable here, maybe not to the app: gated
+                    rpc_id = _scan_head(body)[1]
+                else:
+                    method = None
+                    if type(request) is dict:
+                        method = request.get("method")
+                        rpc_id = request.get("id")
+                    gated = self._gate_all or method in _WORK_METHODS
+        return gated, rpc_id
+
     # -- the ASGI entry point --------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -460,43 +550,18 @@ class AdmissionMiddleware:
             message = await receive()
             if message["type"] != "http.request":  # the client left before sending a body
                 return
-            pending: list[Message] = [message]
-            more: bool = message.get("more_body", False)
-            if more:
-                size = len(message.get("body", b""))
-                while more and size < self.max_peek_bytes:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return
-                    pending.append(message)
-                    size += len(message.get("body", b""))
-                    more = message.get("more_body", False)
-                body = b"".join(m.get("body", b"") for m in pending)
-                pending = [{"type": "http.request", "body": body, "more_body": more}]
-            else:
-                body = message.get("body", b"")
-            rpc_id: object = None
-            gated = True
-            if kind == _JSONRPC:
-                if more or len(body) > self.max_peek_bytes:
-                    # Too long to inspect: gated work, whatever its method says.
-                    rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
-                else:
-                    request = _parse(body)
-                    if request is _TOO_DEEP:  # unreadable here, maybe not to the app: gated
-                        rpc_id = _scan_head(body)[1]
-                    else:
-                        method = None
-                        if type(request) is dict:
-                            method = request.get("method")
-                            rpc_id = request.get("id")
-                        gated = self._gate_all or method in _WORK_METHODS
-
+            held = _Body(message)
+            if held.more and not await _read_body(receive, held, self.max_peek_bytes):
+                return
+            gated, rpc_id = self._inspect(kind, held.data, held.more)
             if not gated:
+                first: Message | None = held.message()
 
                 async def replay() -> Message:
-                    if pending:
-                        return pending.pop(0)
+                    nonlocal first
+                    if first is not None:
+                        message, first = first, None
+                        return message
                     return await receive()
 
                 async def timed_send(message: Message) -> None:
@@ -516,9 +581,10 @@ class AdmissionMiddleware:
                 entry = admission.__aenter__()
                 if type(entry) is Ready:
                     await entry
-                elif not await _wait_unless_gone(
-                    entry, receive, pending, more, self.max_peek_bytes, admission
-                ):
+                    waited = False
+                elif await _wait_unless_gone(entry, receive, held, self.max_peek_bytes):
+                    waited = True
+                else:
                     return
             except AdmissionRejected as exc:
                 await self._refuse(send, transport, exc, rpc_id)
@@ -526,14 +592,27 @@ class AdmissionMiddleware:
                 return
 
             slot = RequestSlot(self.gate, admission)
-            held = slot
+            request_slot = slot
+            if waited and held.more and not await _read_body(receive, held, None):
+                # A request that queued reaches the app only with its whole body: its client
+                # may have left during the pause with more than the read at admission could
+                # drain (uvicorn shows the disconnect only after every byte sent before it),
+                # and the app must never run a truncated upload. Reading it here holds the
+                # slot exactly as the app reading it would (the A2A SDK reads a body whole
+                # before it acts). A client gone here is seen only after the turn was counted
+                # admitted (the gate cannot take that back): its slot is freed now, and the
+                # app never runs.
+                return
+            first = held.message()
 
             async def gated_receive() -> Message:
-                if pending:
-                    return pending.pop(0)
+                nonlocal first
+                if first is not None:
+                    message, first = first, None
+                    return message
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    await held.end_request()
+                    await request_slot.end_request()
                 return message
 
             async def gated_send(message: Message) -> None:
@@ -543,7 +622,7 @@ class AdmissionMiddleware:
                 finally:
                     if message["type"] == "http.response.body" and not message.get("more_body"):
                         end = perf_counter()
-                        await held.end_request()
+                        await request_slot.end_request()
 
             token = CURRENT_SLOT.set(slot)
             await self.app(scope, gated_receive, gated_send)

@@ -57,7 +57,11 @@ FLEET_METRICS: Mapping[str, tuple[str, str]] = {
     "fleet_in_flight": ("gauge", "Turns holding a fleet lease across every replica (last known)."),
     "fleet_max_in_flight": ("gauge", "The fleet-wide in-flight cap (0: none)."),
     "fleet_backend_up": ("gauge", "1 while the fleet backend (Redis) answers, 0 during an outage."),
-    "fleet_lease_lost": ("counter", "Running turns whose fleet lease expired under them."),
+    "fleet_lease_lost": (
+        "counter",
+        "Fleet leases lost: running turns whose lease expired under them, and grants that "
+        "expired before their replica claimed them.",
+    ),
     "fleet_borrowed": ("gauge", "Fleet leases borrowed by turns resuming from a human wait."),
     "fleet_outages": ("counter", "Fleet backend outages seen by this replica."),
 }

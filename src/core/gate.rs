@@ -23,7 +23,15 @@
 //! a release hands its slot to a waiter (concurrency stays level) but the free slots that
 //! pressure left idle are not filled, except when nothing runs at all (so the gate always
 //! makes progress). Once a decision under no pressure is seen, waiters fill the free slots
-//! in order before any newcomer is considered.
+//! in order before any newcomer is considered. Such a decision may come with nobody arriving
+//! or leaving: while waiters are held back with slots free ([`GateState::held_back`], also
+//! published lock-free by [`Gate::held_back`]) the binding re-samples on a timer and reports
+//! it ([`GateState::note_pressure`]); a reconfigure passes the pressure under its new
+//! configuration.
+//!
+//! Turns a gate with nothing to enforce lets through are counted lock-free
+//! ([`super::passthrough`]) and adopted into `in_flight` when the gate enforces something (a
+//! reconfigure, an enforced arrival, a close), so a ceiling set while they run holds.
 //!
 //! A waiter's record stays in the slab after it is granted a slot or shed, until its owner
 //! claims the outcome ([`Gate::claim`]) or withdraws ([`Gate::cancel`]): a cancellation that
@@ -39,12 +47,13 @@
 //! its slot is handed on and it counts as rejected or cancelled, as the caller experienced.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::count::{decrement, difference, increment};
 use super::histogram::{Histogram, HistogramSnapshot};
+use super::passthrough::{PassEnd, PassThroughTurns, PassTicket};
 use super::policy::{ConcurrencyLimit, Decision, Facts, Overflow};
 use super::retry::{ReleaseRate, MEMORY_PRESSURE_RETRY};
 use super::sync::Mutex;
@@ -288,6 +297,9 @@ pub struct GateState<W> {
     closing: bool,
     /// Grants count as admitted only once confirmed (see the module documentation).
     deferred: bool,
+    /// Turns holding a slot that are neither confirmed nor revoked yet (deferred admission:
+    /// waiting for their fleet lease), granted ones not yet claimed included.
+    unconfirmed: u64,
     /// Slots freed so far (turns ended, lent to a human wait, or handed back by a
     /// cancellation): what the retry hint's release rate counts.
     slots_freed: u64,
@@ -335,6 +347,7 @@ impl<W> GateState<W> {
             outside_depth: 0,
             closing: false,
             deferred: false,
+            unconfirmed: 0,
             slots_freed: 0,
             release_rate: ReleaseRate::default(),
             queue_wait: Histogram::default(),
@@ -504,6 +517,9 @@ impl<W> GateState<W> {
             return false;
         };
         increment(&mut self.granted_unclaimed);
+        if self.deferred {
+            increment(&mut self.unconfirmed);
+        }
         // Count the slot before refreshing, so the scope is not forgotten in between.
         self.take_slot(scope.as_deref());
         self.refresh_lane(scope.as_deref());
@@ -635,7 +651,9 @@ impl<W> GateState<W> {
         if runs_now {
             let key = scope.map(|name| self.scope_entry(name));
             self.take_slot(key.as_deref());
-            if !self.deferred {
+            if self.deferred {
+                increment(&mut self.unconfirmed);
+            } else {
                 increment(&mut self.admitted);
             }
             return Arrival::Admitted(key);
@@ -766,6 +784,9 @@ impl<W> GateState<W> {
             }
             WaiterState::Granted => {
                 decrement(&mut self.granted_unclaimed, "granted_unclaimed");
+                if self.deferred {
+                    decrement(&mut self.unconfirmed, "unconfirmed");
+                }
                 Cancelled::ReturnedSlot
             }
             WaiterState::Refused(reason) => {
@@ -799,6 +820,7 @@ impl<W> GateState<W> {
     /// admitted now.
     pub fn confirm(&mut self) {
         debug_assert!(self.deferred, "confirm without deferred admission");
+        decrement(&mut self.unconfirmed, "unconfirmed");
         increment(&mut self.admitted);
     }
 
@@ -813,6 +835,7 @@ impl<W> GateState<W> {
         wakes: &mut Wakes<W>,
     ) -> Option<Duration> {
         debug_assert!(self.deferred, "revoke without deferred admission");
+        decrement(&mut self.unconfirmed, "unconfirmed");
         match reason {
             Some(_) => increment(&mut self.rejected),
             None => increment(&mut self.cancelled),
@@ -875,14 +898,32 @@ impl<W> GateState<W> {
         self.in_flight.saturating_add(self.awaiting_human)
     }
 
+    /// Turns holding a slot that wait to be confirmed or revoked (deferred admission: their
+    /// fleet lease), included in [`GateState::running`]. They have not started: a drain
+    /// refuses them rather than waiting for them to finish.
+    pub fn unconfirmed(&self) -> u64 {
+        self.unconfirmed
+    }
+
     /// Applies new limits (validated by the caller). Running turns are never cancelled: a
     /// lower ceiling is reached as they end. A higher ceiling starts waiters at once. Each
     /// lane (each tenant's, and the untenanted one) keeps at most the new depth of waiters
     /// that count against it; the newest past it are refused with [`Rejection::QueueFull`],
     /// except under the `queue` overflow policy, which refuses nobody. Returns how many
     /// waiters were refused.
-    pub fn reconfigure(&mut self, limits: ConcurrencyLimit, wakes: &mut Wakes<W>) -> u64 {
+    ///
+    /// `resource` is the memory-pressure decision under the new configuration (`None`: the
+    /// remembered one). Pressure that eased, or memory-aware admission turned off, lets the
+    /// waiters it held back take the free slots at once.
+    pub fn reconfigure(
+        &mut self,
+        limits: ConcurrencyLimit,
+        resource: Option<Decision>,
+        wakes: &mut Wakes<W>,
+    ) -> u64 {
         self.limits = limits;
+        // Re-derived under the new ceiling either way: soft pressure with no ceiling admits.
+        self.pressure = self.effective_pressure(resource.unwrap_or(self.pressure));
         let mut refused = 0;
         if limits.overflow != Overflow::Queue {
             let depth = u64::from(limits.queue_depth);
@@ -930,13 +971,11 @@ impl<W> GateState<W> {
 
     /// How many turns would start before the waiting turn `key` (waiters that arrived
     /// before it, and turns granted a slot that have not started yet); `None` when it is not
-    /// waiting. Walks the queue up to the turn, so it is computed only on request.
+    /// waiting. O(log n) in the queue's length (see [`super::rank`]), so `on_queued` keeps
+    /// arrivals cheap however long the queue.
     pub fn position(&self, key: WaiterKey) -> Option<u64> {
-        let (index, record) = self.queue.lookup(key)?;
-        if record.state != WaiterState::Waiting {
-            return None;
-        }
-        let ahead = self.queue.iter_all().take_while(|&i| i != index).count() as u64;
+        let (index, _) = self.queue.lookup(key)?;
+        let ahead = self.queue.ahead(index)?;
         Some(ahead.saturating_add(self.granted_unclaimed))
     }
 
@@ -997,6 +1036,33 @@ impl<W> GateState<W> {
         decrement(&mut self.awaiting_human, "awaiting_human");
         let key = scope.map(|name| self.scope_entry(name));
         self.take_slot(key.as_deref());
+    }
+
+    /// Counts `turns` let through uncounted while the gate had nothing to enforce (see
+    /// [`PassThroughTurns`]) as holding slots, so a ceiling set since holds: they are not
+    /// admitted by the gate, and each returns its slot with [`GateState::release`].
+    pub fn adopt(&mut self, turns: u64) {
+        self.in_flight = self.in_flight.saturating_add(turns);
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+    }
+
+    /// Whether memory pressure holds back a waiter that a free slot could start: then only a
+    /// fresh sample (or a reconfigure) that finds the pressure eased can start it, since no
+    /// release may come.
+    pub fn held_back(&self) -> bool {
+        self.pressure != Decision::Admit && !self.ready.is_empty() && self.global_slot_free()
+    }
+
+    /// The waker of the oldest waiter that registered one, if any: the binding re-samples
+    /// memory pressure on that waiter's event loop when no other is at hand. Usually the
+    /// queue's head; the walk past waiters that have not registered yet stops after 64, so
+    /// the lock is held for O(1).
+    pub fn oldest_waker(&self) -> Option<&W> {
+        self.queue.iter_all().take(64).find_map(|index| {
+            self.queue
+                .get(index)
+                .and_then(|record| record.waker.as_ref())
+        })
     }
 
     /// A parked turn ends without resuming.
@@ -1102,8 +1168,20 @@ impl<W> GateState<W> {
         assert_eq!(lanes_len, self.queue.len(), "lanes and queue disagree");
         assert_eq!(outside_total, self.outside_depth, "outside-depth count");
         assert_eq!(self.queue.iter_all().count() as u64, self.queue.len());
+        for (ahead, index) in self.queue.iter_all().enumerate() {
+            assert_eq!(
+                self.queue.ahead(index),
+                Some(ahead as u64),
+                "rank of waiter {index}"
+            );
+        }
         assert_eq!(self.ready, expected_ready, "ready index is stale");
         assert!(scoped_in_flight <= self.in_flight);
+        assert!(
+            self.unconfirmed <= self.in_flight,
+            "unconfirmed turns hold slots"
+        );
+        assert!(self.deferred || self.unconfirmed == 0);
         assert!(self.peak_in_flight >= self.in_flight);
         if self.pressure == Decision::Admit && self.global_slot_free() {
             assert!(
@@ -1121,6 +1199,10 @@ pub struct Gate<W> {
     state: Mutex<GateState<W>>,
     /// The queue's length after the last operation (see [`Gate::has_waiters`]).
     queued_hint: AtomicU64,
+    /// [`GateState::held_back`] after the last operation (see [`Gate::held_back`]).
+    held_back_hint: AtomicBool,
+    /// Turns let through while the gate had nothing to enforce, until it adopts them.
+    passthrough: PassThroughTurns,
 }
 
 impl<W> Gate<W> {
@@ -1129,6 +1211,8 @@ impl<W> Gate<W> {
         Self {
             state: Mutex::new(GateState::new(limits)),
             queued_hint: AtomicU64::new(0),
+            held_back_hint: AtomicBool::new(false),
+            passthrough: PassThroughTurns::default(),
         }
     }
 
@@ -1138,7 +1222,42 @@ impl<W> Gate<W> {
         let mut state = self.state.lock();
         let result = f(&mut state, &mut wakes);
         self.queued_hint.store(state.queue.len(), Ordering::Relaxed);
+        self.held_back_hint
+            .store(state.held_back(), Ordering::Relaxed);
         (result, wakes)
+    }
+
+    /// Counts the turns let through uncounted so far as holding slots (under the lock).
+    fn adopt_passthrough(&self, state: &mut GateState<W>) {
+        if self.passthrough.any() {
+            state.adopt(self.passthrough.adopt());
+        }
+    }
+
+    /// Lets a turn through without the lock, for a gate with nothing to enforce; the turn
+    /// still counts against a ceiling set while it runs (see [`PassThroughTurns`]). End it
+    /// with [`Gate::end_pass_through`].
+    pub fn pass_through(&self) -> PassTicket {
+        self.passthrough.enter()
+    }
+
+    /// A turn let through ends; if the gate adopted it, its slot is returned (and handed
+    /// on), with `resource` as for [`GateState::release`].
+    pub fn end_pass_through(&self, ticket: PassTicket, resource: Option<Decision>) -> Wakes<W> {
+        match self.passthrough.leave(ticket) {
+            PassEnd::Uncounted => Wakes::default(),
+            PassEnd::Adopted => {
+                self.with(|state, wakes| state.release(None, resource, wakes))
+                    .1
+            }
+        }
+    }
+
+    /// Whether memory pressure held back a waiter a free slot could start, after the last
+    /// operation, without taking the lock. A hint: the binding then re-samples the pressure
+    /// on a timer, and anything that races with it re-reads under the lock.
+    pub fn held_back(&self) -> bool {
+        self.held_back_hint.load(Ordering::Relaxed)
     }
 
     /// See [`GateState::facts`].
@@ -1151,14 +1270,32 @@ impl<W> Gate<W> {
         self.with(|state, wakes| state.expire(key, wakes))
     }
 
-    /// See [`GateState::close`].
+    /// See [`GateState::close`]. Turns let through are adopted first, so a drain waits for
+    /// them as for any running turn.
     pub fn close(&self) -> (u64, Wakes<W>) {
-        self.with(|state, wakes| state.close(wakes))
+        self.with(|state, wakes| {
+            self.adopt_passthrough(state);
+            state.close(wakes)
+        })
     }
 
-    /// See [`GateState::reconfigure`].
-    pub fn reconfigure(&self, limits: ConcurrencyLimit) -> (u64, Wakes<W>) {
-        self.with(|state, wakes| state.reconfigure(limits, wakes))
+    /// See [`GateState::reconfigure`]. Turns let through while the gate had nothing to
+    /// enforce are adopted first, so a ceiling set now counts them.
+    pub fn reconfigure(
+        &self,
+        limits: ConcurrencyLimit,
+        resource: Option<Decision>,
+    ) -> (u64, Wakes<W>) {
+        self.with(|state, wakes| {
+            self.adopt_passthrough(state);
+            state.reconfigure(limits, resource, wakes)
+        })
+    }
+
+    /// See [`GateState::running`] and [`GateState::unconfirmed`], read together.
+    pub fn running_and_unconfirmed(&self) -> (u64, u64) {
+        let state = self.state.lock();
+        (state.running(), state.unconfirmed())
     }
 
     /// See [`GateState::running`] and [`GateState::is_closing`].
@@ -1203,7 +1340,12 @@ impl<W> Gate<W> {
         resource: Decision,
         now: impl FnOnce() -> Duration,
     ) -> (Arrival, Wakes<W>) {
-        self.with(|state, wakes| state.arrive(scope, decided, resource, now, wakes))
+        self.with(|state, wakes| {
+            // Turns let through before the gate enforced anything (a custom policy's
+            // `enabled` can turn it on with no reconfigure) count before this one decides.
+            self.adopt_passthrough(state);
+            state.arrive(scope, decided, resource, now, wakes)
+        })
     }
 
     /// Whether anyone waited when the gate was last changed, without taking the lock. A
@@ -1258,9 +1400,15 @@ impl<W> Gate<W> {
         self.with(|state, wakes| state.shed_oldest_waiter(wakes))
     }
 
-    /// See [`GateState::reset`].
+    /// See [`GateState::reset`]; turns let through are forgotten too, and their tickets must
+    /// not be ended afterwards (they belong to the parent of a fork: the binding checks its
+    /// epoch first).
     pub fn reset(&self) -> Wakes<W> {
-        self.with(|state, wakes| state.reset(wakes)).1
+        self.with(|state, wakes| {
+            self.passthrough.reset();
+            state.reset(wakes)
+        })
+        .1
     }
 
     /// See [`GateState::stats`].

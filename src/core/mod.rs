@@ -3,7 +3,9 @@
 //! * [`policy`]: the pure decision functions (concurrency ceiling, memory-pressure ladder) and
 //!   the configuration they validate.
 //! * [`waiters`]: the FIFO wait queue, with per-scope sub-queues and O(1) removal.
+//! * [`rank`]: how many waiters are ahead of one, in O(log n).
 //! * [`gate`]: the state machine that makes the decisions real, behind one lock.
+//! * [`passthrough`]: turns let through while the gate enforces nothing, counted lock-free.
 //! * [`rss`]: the cached resident-set-size sampler used for memory-aware admission.
 //! * [`retry`]: the retry hint of a refused turn, from the recent release rate.
 //! * [`transport`]: per-front-door counters (JSON-RPC, REST, gRPC, direct calls).
@@ -30,7 +32,9 @@
 pub(crate) mod count;
 pub mod gate;
 pub mod histogram;
+pub mod passthrough;
 pub mod policy;
+pub mod rank;
 pub mod retry;
 pub mod rss;
 pub(crate) mod sync;

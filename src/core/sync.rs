@@ -8,6 +8,14 @@
 #[cfg(not(admitgate_loom))]
 pub(crate) use parking_lot::Mutex;
 
+/// The atomic counting turns let through ([`super::passthrough`]), which races the gate's
+/// adoption of them: loom's under the models, so they explore that race too.
+#[cfg(not(admitgate_loom))]
+pub(crate) use std::sync::atomic::AtomicU64;
+
+#[cfg(admitgate_loom)]
+pub(crate) use loom::sync::atomic::AtomicU64;
+
 #[cfg(admitgate_loom)]
 pub(crate) use self::loom_shim::Mutex;
 

@@ -129,6 +129,18 @@ impl Default for Transports {
     }
 }
 
+/// Takes one from a live count (turns running or waiting), never below zero.
+///
+/// Going below zero would be an accounting bug (a turn counted out twice, or a forked child
+/// counting out its parent's turn): debug builds stop at it, release builds stay at zero, as
+/// the gate's own counters do (`count`), rather than read 2^64 - 1.
+fn count_out(counter: &AtomicU64, what: &str) {
+    let positive = counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok();
+    debug_assert!(positive, "a transport's {what} went below zero");
+}
+
 fn well_formed(name: &str) -> bool {
     (1..=MAX_TRANSPORT_LEN).contains(&name.len())
         && name
@@ -201,7 +213,7 @@ impl Transports {
     /// shed or timed out (recorded separately as a rejection where it is one).
     pub fn dequeued(&self, id: TransportId, admitted: bool) {
         if let Some(c) = self.counters(id) {
-            c.queued.fetch_sub(1, Ordering::Relaxed);
+            count_out(&c.queued, "queued");
         }
         if admitted {
             self.admitted(id);
@@ -211,7 +223,7 @@ impl Transports {
     /// A running turn of `id` ended.
     pub fn finished(&self, id: TransportId) {
         if let Some(c) = self.counters(id) {
-            c.in_flight.fetch_sub(1, Ordering::Relaxed);
+            count_out(&c.in_flight, "in_flight");
         }
     }
 

@@ -9,12 +9,16 @@
 //! cancellation that race are always settled under the gate's lock and never lose a slot.
 //!
 //! Keys carry a generation, so a stale key (a record already freed and reused) finds nothing.
+//!
+//! A waiter's place in line (how many wait before it) comes from a [`RankIndex`] over the
+//! queue of all waiters, in O(log n), not from a walk.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::count::{decrement, increment};
 use super::gate::Rejection;
+use super::rank::RankIndex;
 
 const NIL: u32 = u32::MAX;
 
@@ -90,6 +94,8 @@ pub struct Waiter<W> {
     pub enqueued_at: Duration,
     /// It waits only because of soft memory pressure, outside `queue_depth`.
     pub outside_depth: bool,
+    /// Its slot in the rank index while it is on the queue.
+    rank: usize,
     all: Links,
     lane: Links,
     next_free: u32,
@@ -102,6 +108,8 @@ pub struct WaitQueue<W> {
     free_head: u32,
     all: Lane,
     next_seq: u64,
+    /// Counts the waiters ahead of each one (see [`WaitQueue::ahead`]).
+    rank: RankIndex,
 }
 
 impl<W> Default for WaitQueue<W> {
@@ -111,6 +119,7 @@ impl<W> Default for WaitQueue<W> {
             free_head: NIL,
             all: Lane::default(),
             next_seq: 0,
+            rank: RankIndex::default(),
         }
     }
 }
@@ -142,6 +151,7 @@ impl<W> WaitQueue<W> {
         outside_depth: bool,
     ) -> Option<WaiterKey> {
         let seq = self.next_seq;
+        let rank = self.rank_slot();
         let free = (self.free_head != NIL).then_some(self.free_head);
         let reused = free.and_then(|index| Some((index, self.nodes.get_mut(index as usize)?)));
         let (index, generation) = match reused {
@@ -154,12 +164,17 @@ impl<W> WaitQueue<W> {
                 node.seq = seq;
                 node.enqueued_at = now;
                 node.outside_depth = outside_depth;
+                node.rank = rank;
                 (index, node.generation)
             }
             None => {
-                let index = u32::try_from(self.nodes.len())
+                let Some(index) = u32::try_from(self.nodes.len())
                     .ok()
-                    .filter(|&index| index != NIL)?;
+                    .filter(|&index| index != NIL)
+                else {
+                    self.rank.remove(rank);
+                    return None;
+                };
                 self.nodes.push(Waiter {
                     generation: 0,
                     occupied: true,
@@ -169,6 +184,7 @@ impl<W> WaitQueue<W> {
                     seq,
                     enqueued_at: now,
                     outside_depth,
+                    rank,
                     all: Links::default(),
                     lane: Links::default(),
                     next_free: NIL,
@@ -180,6 +196,34 @@ impl<W> WaitQueue<W> {
         self.link_back(index, true, lane);
         self.link_back(index, false, lane);
         Some(WaiterKey { index, generation })
+    }
+
+    /// A rank slot for a waiter joining the back of the queue. When the index is full, the
+    /// waiters on the queue are renumbered in order first (amortised O(1), see `rank`).
+    fn rank_slot(&mut self) -> usize {
+        if let Some(slot) = self.rank.push() {
+            return slot;
+        }
+        let live = usize::try_from(self.all.len).unwrap_or(usize::MAX);
+        self.rank.rebuild(live);
+        let mut i = self.all.head;
+        let mut slot: usize = 0;
+        while let Some(node) = self.nodes.get_mut(i as usize) {
+            node.rank = slot;
+            slot = slot.saturating_add(1);
+            i = node.all.next;
+        }
+        // The rebuilt index has room for as many again: this cannot come back empty.
+        self.rank.push().unwrap_or(slot)
+    }
+
+    /// How many waiters are ahead of the waiting record at `index` in arrival order;
+    /// `None` when it is not waiting. O(log n).
+    pub fn ahead(&self, index: u32) -> Option<u64> {
+        let node = self
+            .get(index)
+            .filter(|node| node.state == WaiterState::Waiting)?;
+        Some(self.rank.before(node.rank))
     }
 
     /// The slot at `index`, held or free.
@@ -256,8 +300,9 @@ impl<W> WaitQueue<W> {
         }
         self.unlink_from(index, true, lane);
         self.unlink_from(index, false, lane);
-        let node = self.get_mut(index)?;
+        let node = self.nodes.get_mut(index as usize)?;
         node.state = state;
+        self.rank.remove(node.rank);
         Some(node)
     }
 
@@ -341,6 +386,7 @@ impl<W> WaitQueue<W> {
         let mut wakers = Vec::new();
         self.free_head = NIL;
         self.all = Lane::default();
+        self.rank.clear();
         for (index, node) in self.nodes.iter_mut().enumerate().rev() {
             if node.occupied {
                 node.occupied = false;

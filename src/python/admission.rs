@@ -31,6 +31,7 @@ use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection;
 use super::runtime::{deadline_after, log, now, running_loop};
+use crate::core::passthrough::PassTicket;
 use crate::core::transport::TransportId;
 use crate::core::{Arrival, Rejection, TurnSlot, WaiterKey};
 
@@ -55,8 +56,14 @@ impl std::ops::Deref for SlotRef {
 
 enum AdmissionState {
     Fresh,
-    /// The gate is disabled: no slot to return.
-    PassThrough,
+    /// Let through by a gate with nothing to enforce: counted without its lock, and adopted
+    /// by the gate if it enforces something before the turn ends (see
+    /// [`crate::core::passthrough`]).
+    PassThrough {
+        ticket: PassTicket,
+        /// The gate's epoch when the turn passed (see [`super::wake::Core::epoch`]).
+        epoch: u64,
+    },
     /// Arriving (deciding), before the gate has settled the turn.
     Arriving,
     /// Queued under this key.
@@ -128,6 +135,11 @@ impl Admission {
         if !matches!(*state, AdmissionState::Entered { .. }) {
             *state = AdmissionState::Done;
         }
+    }
+
+    /// The gate the turn passes.
+    pub fn gate(&self) -> &Py<PyAdmissionGate> {
+        &self.gate
     }
 
     /// The waiting turn's key, while it waits.
@@ -295,11 +307,21 @@ impl Admission {
         }
         let gate = this.gate.get();
         let transports = &gate.core.transports;
-        // A disabled gate lets turns through uncounted; once closing, the core refuses them.
+        // A disabled gate lets turns through without its lock; once closing, the core
+        // refuses them.
         if !gate.is_enabled(py) && !gate.core.is_closing() {
-            *this.state.lock() = AdmissionState::PassThrough;
-            transports.admitted(this.transport);
-            return Ok(Arrived::Running);
+            let ticket = gate.core.pass_through();
+            // A reconfigure that enabled the gate before the ticket was taken did not adopt
+            // this turn: it must arrive like any other. (One after it adopts the turn.)
+            if !gate.is_enabled(py) {
+                *this.state.lock() = AdmissionState::PassThrough {
+                    ticket,
+                    epoch: gate.core.epoch(),
+                };
+                transports.admitted(this.transport);
+                return Ok(Arrived::Running);
+            }
+            gate.core.end_pass_through(ticket, None).run();
         }
         let session_id = this.session_id.bind(py);
         let session_key = args::scope_key(session_id)?;
@@ -445,7 +467,13 @@ impl Admission {
             Arrived::Running => this.deadline(),
             Arrived::Queued(key, deadline) => {
                 let core = this.gate.get().core.clone();
-                let mut wait = BlockingWait::new(core, key, this.transport, fleet.is_some());
+                let mut wait = BlockingWait::new(
+                    core,
+                    this.gate.clone_ref(py),
+                    key,
+                    this.transport,
+                    fleet.is_some(),
+                );
                 if let Err(err) = Self::announce_queued(slf, key) {
                     wait.withdraw(py);
                     this.abandon();
@@ -527,7 +555,13 @@ impl Admission {
                     gate.core.after_release(py);
                 }
             }
-            AdmissionState::PassThrough => gate.core.transports.finished(self.transport),
+            // A turn of the parent of a fork is forgotten by the child.
+            AdmissionState::PassThrough { ticket, epoch } if epoch == gate.core.epoch() => {
+                gate.core.transports.finished(self.transport);
+                let resource = gate.release_pressure(py);
+                gate.core.end_pass_through(ticket, resource).run();
+                gate.core.after_release(py);
+            }
             _ => {}
         }
     }
@@ -659,7 +693,18 @@ impl Drop for Admission {
                     }
                 });
             }
-            AdmissionState::PassThrough => core.transports.finished(self.transport),
+            AdmissionState::PassThrough { ticket, epoch } if epoch == core.epoch() => {
+                Python::attach(|py| {
+                    if let Err(err) = guard(|| {
+                        core.transports.finished(self.transport);
+                        core.end_pass_through(ticket, None).run();
+                        core.after_release(py);
+                        Ok(())
+                    }) {
+                        err.write_unraisable(py, None);
+                    }
+                });
+            }
             _ => {}
         }
     }

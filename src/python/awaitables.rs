@@ -20,6 +20,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::admission::Admission;
 use super::errors::guard;
+use super::pressure_watch;
 use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
@@ -129,6 +130,9 @@ pub struct Wait {
     /// A fleet lease follows the slot (`LeaseWait` drives this wait): the turn stays queued
     /// for its transport until the lease settles it.
     lease_follows: bool,
+    /// The gate's epoch when the turn queued (see [`Core::epoch`]): a wait of the parent of
+    /// a fork that ends in the child leaves the child's counters alone.
+    epoch: u64,
     state: Mutex<WaitState>,
 }
 
@@ -164,6 +168,7 @@ impl Wait {
     ) -> Self {
         Self {
             admission,
+            epoch: core.epoch(),
             core,
             key,
             transport,
@@ -193,7 +198,7 @@ impl Wait {
         if let Some(timer) = timer {
             let _ = timer.bind(py).call_method0(pyo3::intern!(py, "cancel"));
         }
-        if !(admitted && self.lease_follows) {
+        if !(admitted && self.lease_follows) && self.epoch == self.core.epoch() {
             self.core.transports.dequeued(self.transport, admitted);
         }
         true
@@ -283,9 +288,13 @@ impl Wait {
         });
         let (registered, _) = self.core.register(self.key, waker);
         if registered == Registered::Waiting {
-            let mut state = self.state.lock();
-            state.parked = true;
-            state.timer = timer;
+            {
+                let mut state = self.state.lock();
+                state.parked = true;
+                state.timer = timer;
+            }
+            // Held back by memory pressure with slots free: re-sampled until it eases.
+            pressure_watch::ensure(py, self.admission.get().gate().bind(py));
         } else {
             if let Some(timer) = timer {
                 timer.bind(py).call_method0(pyo3::intern!(py, "cancel"))?;

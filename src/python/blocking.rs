@@ -14,6 +14,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use super::exit::detach_counted;
+use super::gate::PyAdmissionGate;
+use super::pressure_watch::{self, WATCH_INTERVAL};
 use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{Core, PyWaker, ThreadSignal};
@@ -26,11 +28,16 @@ const SLICE: Duration = Duration::from_millis(100);
 /// A queued turn waited for by a blocked thread. Dropped unfinished, it withdraws.
 pub struct BlockingWait {
     core: Arc<Core>,
+    /// For re-sampling memory pressure while it holds the turn back.
+    gate: Py<PyAdmissionGate>,
     key: WaiterKey,
     transport: TransportId,
     signal: Arc<ThreadSignal>,
     /// A fleet lease follows the slot: the turn stays queued for its transport until then.
     lease_follows: bool,
+    /// The gate's epoch when the turn queued (threads do not survive a fork, but the wait's
+    /// owner might be dropped in the child: it leaves the child's counters alone).
+    epoch: u64,
     done: bool,
 }
 
@@ -38,12 +45,15 @@ impl BlockingWait {
     /// The wait of the turn queued under `key`.
     pub fn new(
         core: Arc<Core>,
+        gate: Py<PyAdmissionGate>,
         key: WaiterKey,
         transport: TransportId,
         lease_follows: bool,
     ) -> Self {
         Self {
+            epoch: core.epoch(),
             core,
+            gate,
             key,
             transport,
             signal: Arc::new(ThreadSignal::default()),
@@ -54,7 +64,7 @@ impl BlockingWait {
 
     fn finish(&mut self, admitted: bool) {
         self.done = true;
-        if !(admitted && self.lease_follows) {
+        if !(admitted && self.lease_follows) && self.epoch == self.core.epoch() {
             self.core.transports.dequeued(self.transport, admitted);
         }
     }
@@ -89,9 +99,13 @@ impl BlockingWait {
                     return Err(PyRuntimeError::new_err("this turn's wait was withdrawn"));
                 }
             }
+            // Held back by memory pressure with slots free: nobody else may re-sample it (no
+            // event loop need exist), so this thread does, every watch interval.
+            let held_back = self.core.held_back();
+            let longest = if held_back { WATCH_INTERVAL } else { SLICE };
             let slice = match deadline {
-                Some(deadline) => deadline.saturating_sub(now()).min(SLICE),
-                None => SLICE,
+                Some(deadline) => deadline.saturating_sub(now()).min(longest),
+                None => longest,
             };
             if slice.is_zero() {
                 // Refuses the turn with `timeout` unless a slot was granted first; the claim
@@ -101,10 +115,13 @@ impl BlockingWait {
                 continue;
             }
             let signal = self.signal.clone();
-            detach_counted(py, move || signal.wait(slice));
+            let woken = detach_counted(py, move || signal.wait(slice));
             if let Err(err) = py.check_signals() {
                 self.withdraw(py);
                 return Err(err);
+            }
+            if !woken && self.core.held_back() {
+                pressure_watch::recheck(py, self.gate.get());
             }
         }
     }

@@ -22,6 +22,7 @@ use super::fleet::{set_gate_fleet_keys, LeaseWaits, PyFleetLimit};
 use super::fork::register_gate;
 use super::human_wait::human_wait_scope;
 use super::policy::{decision_from, not_a_decision, PyConcurrencyLimitPolicy};
+use super::pressure_watch;
 use super::resources::ResourceGate;
 use super::runtime::{deadline_after, log, now, running_loop};
 use super::wake::{Core, DrainWaiter, ThreadSignal};
@@ -422,7 +423,10 @@ impl PyAdmissionGate {
     /// each validated as at construction (a bad value changes nothing). Lowering the ceiling
     /// never cancels a running turn; raising it starts waiting turns at once. Shrinking the
     /// queue refuses the newest waiters of each lane past the new depth (`queue_full`),
-    /// except under the `queue` overflow policy. Returns how many waiters were refused.
+    /// except under the `queue` overflow policy. Turns let through while the gate enforced
+    /// nothing count against a ceiling set now. Memory pressure is sampled afresh: eased
+    /// pressure (or `max_rss_mb=0`) starts the waiters it held back at once. Returns how many
+    /// waiters were refused.
     #[pyo3(signature = (
         *,
         max_concurrent_runs=Arg(None),
@@ -434,7 +438,7 @@ impl PyAdmissionGate {
     ))]
     #[allow(clippy::too_many_arguments)]
     fn reconfigure(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         max_concurrent_runs: Arg,
         queue_depth: Arg,
@@ -443,9 +447,10 @@ impl PyAdmissionGate {
         max_rss_mb: Arg,
         queue_timeout_s: Arg,
     ) -> PyResult<u64> {
+        let this = slf.get();
         guard(|| {
             // Validate everything first: a bad value changes nothing.
-            let current = self.core.limits();
+            let current = this.core.limits();
             let count = |arg: &Arg, name: &'static str, old: u32| -> PyResult<u32> {
                 if arg.given() {
                     arg.count(py, name)
@@ -474,15 +479,15 @@ impl PyAdmissionGate {
             let timeout = if queue_timeout_s.given() {
                 queue_timeout_s.timeout(py, "queue_timeout_s")?
             } else {
-                self.queue_timeout()
+                this.queue_timeout()
             };
             let max_rss = if max_rss_mb.given() {
-                self.resources.check_reconfigurable()?;
+                this.resources.check_reconfigurable()?;
                 Some(max_rss_mb.threshold(py, "max_rss_mb")?)
             } else {
                 None
             };
-            if self.native_policy || self.policy.lock().is_none() {
+            if this.native_policy || this.policy.lock().is_none() {
                 let replacement = Py::new(
                     py,
                     PyConcurrencyLimitPolicy {
@@ -490,21 +495,26 @@ impl PyAdmissionGate {
                         queue_timeout: timeout,
                     },
                 )?;
-                if self.native_policy {
-                    let old = self.policy.lock().replace(replacement.into_any());
+                if this.native_policy {
+                    let old = this.policy.lock().replace(replacement.into_any());
                     drop(old);
                 }
             }
             if let Some(max_rss) = max_rss {
-                self.resources.set_max_rss_mb(py, max_rss)?;
+                this.resources.set_max_rss_mb(py, max_rss)?;
             }
-            self.set_queue_timeout(timeout);
-            self.max_runs
+            this.set_queue_timeout(timeout);
+            this.max_runs
                 .store(limits.max_concurrent_runs, Ordering::Relaxed);
-            self.per_scope
+            this.per_scope
                 .store(limits.max_per_scope, Ordering::Relaxed);
-            let (refused, wakes) = self.core.reconfigure(limits);
+            // The pressure under the new configuration: eased, or memory-aware admission
+            // turned off, starts the waiters it held back at once.
+            let resource = this.resources.decision(py);
+            let (refused, wakes) = this.core.reconfigure(limits, Some(resource));
             wakes.run();
+            // A higher ceiling under pressure that persists holds waiters back: re-sampled.
+            pressure_watch::ensure(py, slf);
             Ok(refused)
         })
     }
@@ -529,9 +539,14 @@ impl PyAdmissionGate {
     fn _begin_close(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
         guard(|| {
             let refused = self.core.begin_close(py);
-            // Turns holding a slot while they wait for a fleet lease are waiting too.
+            // Turns holding a slot while they wait for a fleet lease are waiting too: they
+            // are refused with `closing`, not waited for.
             self.lease_waits.refuse_all(py, Rejection::Closing);
-            Ok((self.core.running().0, refused))
+            let (running, leasing) = self.core.running_and_unconfirmed();
+            Ok((
+                running.saturating_sub(leasing),
+                refused.saturating_add(leasing),
+            ))
         })
     }
 

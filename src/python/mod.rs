@@ -23,6 +23,7 @@ mod fork;
 mod gate;
 mod human_wait;
 mod policy;
+mod pressure_watch;
 mod rejection;
 mod resources;
 mod runtime;

@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::errors::{catch_panic, guard};
+use super::pressure_watch::PressureWatch;
 use super::runtime::{log, now};
 use crate::core::transport::Transports;
 use crate::core::{ConcurrencyLimit, Gate, WaiterKey, Waker, Wakes};
@@ -44,6 +45,8 @@ pub struct Core {
     closing: AtomicBool,
     /// Who waits for the last running turn of a closing gate to end.
     drain_waiters: Mutex<Vec<DrainWaiter>>,
+    /// Whether a re-check of memory pressure is armed (see [`super::pressure_watch`]).
+    pub pressure_watch: PressureWatch,
 }
 
 /// A caller of `close()` or `close_sync()` waiting for the running turns to end.
@@ -80,6 +83,7 @@ impl Core {
             transports: Transports::default(),
             closing: AtomicBool::new(false),
             drain_waiters: Mutex::new(Vec::new()),
+            pressure_watch: PressureWatch::default(),
         }
     }
 
@@ -151,6 +155,7 @@ impl Core {
         drop(std::mem::take(&mut *self.in_transit.lock()));
         self.transports.reset();
         self.last_sweep.store(0, Ordering::Relaxed);
+        self.pressure_watch.reset();
         self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 

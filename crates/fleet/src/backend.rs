@@ -14,6 +14,19 @@ use tokio::runtime::Handle;
 
 use crate::config::{url_secrets, ConfigError, FleetConfig};
 
+/// How late a timer may fire before the process is taken to have been paused (not scheduled).
+const PAUSE_SLACK: Duration = Duration::from_millis(100);
+
+/// The pause before a call that found Redis busy (BUSY, LOADING) is sent again.
+const BUSY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether Redis refused the call because it is busy (a long script is running) or loading its
+/// data: it is alive and the call did not run.
+fn is_busy(e: &redis::RedisError) -> bool {
+    e.code()
+        .is_some_and(|code| code == "BUSY" || code == "LOADING")
+}
+
 /// A failed call: what went wrong, without secrets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Failure(pub(crate) String);
@@ -27,6 +40,8 @@ pub(crate) struct Backend {
     handle: Handle,
     connect_timeout: Duration,
     command_timeout: Duration,
+    /// How long a call waits for a Redis that answers PING: `lease_ttl`.
+    budget: Duration,
     secrets: Vec<String>,
     up: AtomicBool,
     down_since: Mutex<Option<Instant>>,
@@ -38,7 +53,11 @@ impl Backend {
         let client = build_client(config)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.command_timeout))
+            // The call's own timers decide what a slow reply means (see `call`); the driver
+            // only ends a call that nobody could still want.
+            .set_response_timeout(Some(
+                config.lease_ttl.saturating_add(config.connect_timeout),
+            ))
             // One dial per call: the outage logic, not the driver, decides when to try again.
             .set_number_of_retries(0);
         Ok(Backend {
@@ -48,6 +67,7 @@ impl Backend {
             handle,
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            budget: config.lease_ttl,
             secrets: url_secrets(&config.url),
             up: AtomicBool::new(true),
             down_since: Mutex::new(None),
@@ -93,10 +113,21 @@ impl Backend {
             .take();
     }
 
-    /// Runs one call on the connection, bounded by `connect_timeout + command_timeout` in all.
-    /// A call that finds its connection dropped (Redis restarted, a proxy closed it) is sent
-    /// once more on a fresh connection within the same bound, so a quick restart is not an
-    /// outage; every script is idempotent per lease id, so a repeat is harmless.
+    /// Runs one call on the connection. Its first answer is awaited for `connect_timeout +
+    /// command_timeout`. A call that finds its connection dropped (Redis restarted, a proxy
+    /// closed it) is sent once more on a fresh connection, so a quick restart is not an outage.
+    ///
+    /// A slow reply is not a dead server. When the first bound passes without an answer, a
+    /// PING on a fresh connection (with the same bound) asks whether Redis is alive, while the
+    /// call keeps waiting for its own reply (it is never sent twice: a busy server is not given
+    /// more work). Only a connection error or an unanswered PING is a failure (an outage). An
+    /// answered PING means Redis is alive but busy, or this process was not scheduled (a
+    /// pause, a stalled VM, a starved CPU): the call waits on, asking again every bound, for at
+    /// most `lease_ttl` in all (past that a lease could not be kept alive anyway). A BUSY or
+    /// LOADING reply (the script did not run) is sent again after a short pause, within the
+    /// same budget. A server that accepts connections but never answers therefore fails a call
+    /// within `2 × (connect_timeout + command_timeout)`; a refused or reset connection fails
+    /// it at once.
     pub(crate) async fn call<T, F, Fut>(&self, f: F) -> Result<T, Failure>
     where
         F: Fn(ConnectionManager) -> Fut,
@@ -105,19 +136,91 @@ impl Backend {
         // Both are validated (at most a minute each), so the sum never saturates; if it did,
         // `timeout` would take `Duration::MAX` as no bound at all.
         let bound = self.connect_timeout.saturating_add(self.command_timeout);
-        let attempts = async {
-            let first = f(self.connection()?).await;
-            match first {
-                Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
-                    self.reset();
-                    f(self.connection()?).await.map_err(|e| self.failure(&e))
+        let started = Instant::now();
+        loop {
+            let attempts = async {
+                // Ok(Err(failure)): Redis is busy and the call did not run.
+                let sort = |answer: RedisResult<T>| match answer {
+                    Ok(value) => Ok(Ok(value)),
+                    Err(e) if is_busy(&e) => Ok(Err(self.failure(&e))),
+                    Err(e) => Err(self.failure(&e)),
+                };
+                let first = f(self.connection()?).await;
+                match first {
+                    Err(e) if e.is_connection_dropped() && !e.is_connection_refusal() => {
+                        self.reset();
+                        sort(f(self.connection()?).await)
+                    }
+                    other => sort(other),
                 }
-                other => other.map_err(|e| self.failure(&e)),
+            };
+            tokio::pin!(attempts);
+            let answer = loop {
+                match tokio::time::timeout(bound, &mut attempts).await {
+                    Ok(answer) => break answer,
+                    Err(_) if started.elapsed() >= self.budget => {
+                        return Err(Failure(format!(
+                            "no answer within {:?} although Redis answers PING",
+                            self.budget
+                        )));
+                    }
+                    Err(_) => {
+                        // Is Redis alive? The call may answer meanwhile, which settles it.
+                        tokio::select! {
+                            answer = &mut attempts => break answer,
+                            alive = self.ping() => if let Err(dead) = alive {
+                                return Err(Failure(format!(
+                                    "no answer within {bound:?}; then {}", dead.0
+                                )));
+                            },
+                        }
+                    }
+                }
+            };
+            match answer {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(_)) if started.elapsed() < self.budget => {
+                    // The script did not run: Redis is busy with another one, or loading.
+                    tokio::time::sleep(BUSY_PAUSE.min(self.command_timeout)).await;
+                }
+                Ok(Err(busy)) => return Err(busy),
+                Err(failure) => return Err(failure),
             }
-        };
-        match tokio::time::timeout(bound, attempts).await {
-            Ok(result) => result,
-            Err(_) => Err(Failure(format!("no answer within {bound:?}"))),
+        }
+    }
+
+    /// Whether Redis is alive: a PING on a fresh connection (not queued behind the shared
+    /// connection's pending calls), bounded by `connect_timeout + command_timeout` in all. A reply, even an
+    /// error such as BUSY (a long script is running), means alive. A PING that timed out but
+    /// took far longer than its bound says this process was not scheduled meanwhile (paused,
+    /// or a stalled VM), which is not Redis' fault: it is tried once more.
+    async fn ping(&self) -> Result<(), Failure> {
+        let bound = self.connect_timeout.saturating_add(self.command_timeout);
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(bound));
+        let mut tries: u32 = 0;
+        loop {
+            tries = tries.saturating_add(1);
+            let started = Instant::now();
+            let ping = async {
+                let mut con = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                redis::cmd("PING").query_async::<String>(&mut con).await
+            };
+            match tokio::time::timeout(bound, ping).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) if is_busy(&e) => return Ok(()),
+                Ok(Err(e)) if !e.is_timeout() => return Err(self.failure(&e)),
+                _ => {}
+            }
+            let late = bound.saturating_add(bound.checked_div(2).unwrap_or_default());
+            let overslept = started.elapsed() > late.saturating_add(PAUSE_SLACK);
+            if !overslept || tries >= 2 {
+                return Err(Failure(format!("PING: no answer within {bound:?}")));
+            }
         }
     }
 

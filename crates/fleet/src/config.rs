@@ -102,7 +102,9 @@ pub struct FleetConfig {
     pub lease_ttl: Duration,
     /// Bound on establishing a connection (TCP, TLS, AUTH).
     pub connect_timeout: Duration,
-    /// Bound on one command's round trip; at most half of `lease_ttl`.
+    /// How long one command's reply is awaited (with `connect_timeout`) before a PING asks
+    /// whether Redis is alive (a slow reply is not an outage); also the claim window of a grant
+    /// to this replica's tickets. At most half of `lease_ttl`.
     pub command_timeout: Duration,
     /// What admissions do while Redis cannot be reached.
     pub on_backend_error: OnBackendError,

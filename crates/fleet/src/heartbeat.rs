@@ -127,6 +127,13 @@ impl Inner {
                     (Beat::Ticket { id, .. }, BeatResult::Requeued) if !registry.contains(id) => {
                         owed.push(beat.clone());
                     }
+                    // Queued again after a grant this replica heard of had expired unclaimed
+                    // (it was paused): a lost grant, whose turn never started.
+                    (Beat::Ticket { id, .. }, BeatResult::Requeued) if registry.unannounce(id) => {
+                        self.counters
+                            .lease_lost
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     _ => {}
                 }
             }

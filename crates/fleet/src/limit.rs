@@ -4,6 +4,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
@@ -14,8 +15,8 @@ use crate::config::{ConfigError, FleetConfig, OnBackendError};
 use crate::error::FleetError;
 use crate::events::{log_events, EventHandler, FleetEvent};
 use crate::lease::Lease;
-use crate::registry::{Registry, Removed};
-use crate::scripts::{Caps, FleetStatus, Keys, Scripts};
+use crate::registry::{Grant, Registry, Removed};
+use crate::scripts::{Caps, ClaimRequest, Claimed, FleetStatus, Keys, Scripts};
 use crate::stats::{Counters, FleetStats};
 use crate::{heartbeat, subscriber};
 
@@ -56,6 +57,25 @@ pub(crate) struct Inner {
     closed: AtomicBool,
 }
 
+/// How long a grant waits for its replica to claim it before the room goes back to the fleet:
+/// one `command_timeout` (the claim is one call, which a live replica makes as soon as the
+/// grant's pub/sub message arrives, or its next re-check finds the grant).
+pub(crate) fn claim_window(config: &FleetConfig) -> Duration {
+    config.command_timeout
+}
+
+/// How long after its last call a replica's tickets may still get room: two of its re-checks
+/// while it waits, and a call's bound, at most `lease_ttl`. A dead or paused replica's tickets
+/// stop getting room after this, or as soon as one grant to it goes unclaimed.
+pub(crate) fn presence(config: &FleetConfig) -> Duration {
+    let beat = config
+        .effective_heartbeat_interval()
+        .min(config.recheck_interval);
+    beat.saturating_mul(2)
+        .saturating_add(config.command_timeout)
+        .min(config.lease_ttl)
+}
+
 impl FleetLimit {
     /// Validates `config` and prepares the limit; touches no network and starts no task yet.
     /// `runtime` is where its tasks will run (admitgate's own runtime in the Python binding); it
@@ -63,17 +83,21 @@ impl FleetLimit {
     pub fn new(config: FleetConfig, runtime: Handle) -> Result<Self, ConfigError> {
         config.validate()?;
         let backend = Backend::new(&config, runtime.clone())?;
+        // All validated (at most an hour); saturating rather than truncating all the same.
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let caps = Caps {
             cap: config.max_in_flight,
             slice: config.max_in_flight_per_scope,
-            // At most an hour (validated); saturating rather than truncating all the same.
-            ttl_ms: u64::try_from(config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+            ttl_ms: ms(config.lease_ttl),
+            claim_ms: ms(claim_window(&config)),
+            presence_ms: ms(presence(&config)),
         };
-        let scripts = Scripts::new(Keys::new(&config.key), caps);
         // Lease ids: replica id, a random per-instance nonce (pods restart with the same host
         // name and pid 1), and a counter.
         let nonce = RandomState::new().build_hasher().finish();
-        let id_prefix = format!("{}#{:016x}#", config.replica_id, nonce);
+        let instance = format!("{}#{:016x}", config.replica_id, nonce);
+        let id_prefix = format!("{instance}#");
+        let scripts = Scripts::new(Keys::new(&config.key), caps, instance);
         Ok(FleetLimit {
             inner: Arc::new(Inner {
                 config,
@@ -338,6 +362,64 @@ impl Inner {
                 self.registry().owe(id, scope);
                 self.backend_failed(failure);
             }
+        }
+    }
+
+    /// Claims grants published for this replica's waiting turns; a turn starts only on a claimed
+    /// grant. A grant that expired first (this replica was paused past its claim window) is
+    /// counted in `lease_lost` and its turn waits again with its place in line.
+    pub(crate) async fn claim_grants(self: &Arc<Self>, claims: Vec<ClaimRequest>) {
+        if !self.backend.is_up() {
+            // The outage ended these waits already, or the recovery heartbeat settles them.
+            return;
+        }
+        let reply = self
+            .backend
+            .call(|con| {
+                let calls = claims.chunks(crate::scripts::HEARTBEAT_CHUNK).map(|chunk| {
+                    let mut con = con.clone();
+                    async move { self.scripts.claim(&mut con, chunk).await }
+                });
+                futures_util::future::try_join_all(calls)
+            })
+            .await;
+        let replies = match reply {
+            Ok(replies) => replies,
+            Err(failure) => {
+                self.backend_failed(failure);
+                return;
+            }
+        };
+        let mut owed = Vec::new();
+        {
+            let mut registry = self.registry();
+            if let Some((status, _)) = replies.last() {
+                self.observe(*status);
+            }
+            let results = replies.iter().flat_map(|(_, results)| results.iter());
+            for (claim, result) in claims.iter().zip(results) {
+                let lost = matches!(result, Claimed::Expired | Claimed::ExpiredRegranted);
+                if lost && registry.contains(&claim.id) {
+                    self.counters.lease_lost.fetch_add(1, Ordering::Relaxed);
+                }
+                let tracked = match result {
+                    Claimed::Lease | Claimed::ExpiredRegranted => {
+                        registry.grant(&claim.id, Grant::Fleet)
+                    }
+                    Claimed::Waiting | Claimed::Expired => {
+                        registry.unannounce(&claim.id);
+                        registry.contains(&claim.id)
+                    }
+                };
+                if !tracked {
+                    // The wait was withdrawn meanwhile and its withdrawal reached Redis first:
+                    // this claim (or re-queue) put it back. Give it back again.
+                    owed.push(claim.clone());
+                }
+            }
+        }
+        for claim in owed {
+            self.send_release(claim.id, claim.scope).await;
         }
     }
 

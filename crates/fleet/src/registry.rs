@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::config::OnBackendError;
-use crate::scripts::Beat;
+use crate::scripts::{Beat, ClaimRequest};
 
 /// How a waiting turn's wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,11 +37,14 @@ enum Entry {
     /// A turn waiting for a lease (or a reclaim in flight). `arrival_us` is known once Redis
     /// queued the ticket; until then the heartbeat leaves it alone. A `resume` (reclaim) always
     /// falls back to a local lease during an outage: its turn was admitted already.
+    /// `announced`: a grant was published for it and is being claimed; the turn starts only
+    /// once the claim succeeds.
     Waiting {
         scope: Arc<str>,
         arrival_us: Option<i64>,
         tx: Option<oneshot::Sender<Grant>>,
         resume: bool,
+        announced: bool,
     },
 }
 
@@ -97,6 +100,7 @@ impl Registry {
             arrival_us: None,
             tx: Some(tx),
             resume,
+            announced: false,
         };
         if let Some(old) = self.entries.insert(id, entry) {
             self.forget(&old);
@@ -127,6 +131,39 @@ impl Registry {
                 *arrival_us = Some(arrival);
                 true
             }
+            _ => false,
+        }
+    }
+
+    /// A grant for `id` was published: what its claim needs, when `id` is a turn of this
+    /// replica still waiting (other replicas' ids, and turns that have their lease, get
+    /// nothing).
+    pub(crate) fn announce(&mut self, id: &str) -> Option<ClaimRequest> {
+        let key = self.entries.get_key_value(id).map(|(key, _)| key.clone())?;
+        match self.entries.get_mut(id) {
+            Some(Entry::Waiting {
+                scope,
+                arrival_us,
+                announced,
+                resume: false,
+                ..
+            }) => {
+                *announced = true;
+                Some(ClaimRequest {
+                    id: key,
+                    scope: scope.clone(),
+                    arrival_us: *arrival_us,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The claim found no grant (or the heartbeat queued the ticket again): `id` waits on.
+    /// Returns whether a grant had been announced for it (and so was lost).
+    pub(crate) fn unannounce(&mut self, id: &str) -> bool {
+        match self.entries.get_mut(id) {
+            Some(Entry::Waiting { announced, .. }) => std::mem::replace(announced, false),
             _ => false,
         }
     }

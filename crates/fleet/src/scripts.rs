@@ -11,7 +11,8 @@ const COMMON: &str = include_str!("lua/common.lua");
 /// one pipelined connection, so one Redis call never blocks the server for long.
 pub(crate) const HEARTBEAT_CHUNK: usize = 1000;
 
-/// The Redis keys of one limit. They all share the hash tag `{key}`, so they live in one slot.
+/// The Redis keys of one limit. They all share the hash tag `{key}`, so they live in one slot
+/// (the scripts derive the per-scope, per-lane and per-cap keys from `prefix`).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     holders: String,
@@ -19,7 +20,10 @@ pub(crate) struct Keys {
     ticket_expiry: String,
     ticket_info: String,
     borrowed: String,
-    scope_prefix: String,
+    granted: String,
+    replicas: String,
+    classes: String,
+    prefix: String,
     /// Where granted ticket ids are published.
     pub(crate) channel: String,
 }
@@ -33,18 +37,23 @@ impl Keys {
             ticket_expiry: format!("{tag}:ticket_expiry"),
             ticket_info: format!("{tag}:ticket_info"),
             borrowed: format!("{tag}:borrowed"),
-            scope_prefix: format!("{tag}:scope:"),
+            granted: format!("{tag}:granted"),
+            replicas: format!("{tag}:replicas"),
+            classes: format!("{tag}:classes"),
+            prefix: format!("{tag}:"),
             channel: format!("{tag}:grants"),
         }
     }
 }
 
-/// What every script reports about the fleet.
+/// What every script reports about the fleet, stamped with the server time it was read at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FleetStatus {
     pub(crate) in_flight: u64,
     pub(crate) borrowed: u64,
     pub(crate) waiting: u64,
+    /// Server time (µs) of the reading: replies handled out of order keep the newest one.
+    pub(crate) at_us: u64,
 }
 
 /// Outcome of the acquire script.
@@ -78,6 +87,28 @@ pub(crate) enum Beat {
     },
 }
 
+/// What a claim found for one granted ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// A lease now: the turn may start.
+    Lease,
+    /// Still waiting (the message was stale).
+    Waiting,
+    /// The grant expired before it was claimed; queued again with its arrival.
+    Expired,
+    /// The grant expired, and the ticket was granted again at once and claimed.
+    ExpiredRegranted,
+}
+
+/// One granted ticket to claim.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimRequest {
+    pub(crate) id: std::sync::Arc<str>,
+    pub(crate) scope: std::sync::Arc<str>,
+    /// Its arrival, when the acquire reply has arrived (needed to queue it again).
+    pub(crate) arrival_us: Option<i64>,
+}
+
 /// What the heartbeat found for one id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BeatResult {
@@ -94,29 +125,40 @@ pub(crate) struct Caps {
     pub(crate) cap: u32,
     pub(crate) slice: u32,
     pub(crate) ttl_ms: u64,
+    /// How long a grant to this replica's tickets waits to be claimed.
+    pub(crate) claim_ms: u64,
+    /// How long this replica's tickets may get room after its last call.
+    pub(crate) presence_ms: u64,
 }
 
 pub(crate) struct Scripts {
     keys: Keys,
     caps: Caps,
+    /// `<replica_id>#<nonce>`: the prefix of this replica's ids, without the last `#`.
+    instance: String,
     acquire: Script,
     release: Script,
     reclaim: Script,
     heartbeat: Script,
+    claim: Script,
 }
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{COMMON}\n{body}"))
 }
 
+/// How many values every reply starts with (the status).
+const STATUS_LEN: usize = 4;
+
 fn status(reply: &[i64]) -> RedisResult<FleetStatus> {
     // A count below zero (never sent) reads as zero.
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     match reply {
-        [in_flight, borrowed, waiting, ..] => Ok(FleetStatus {
+        [in_flight, borrowed, waiting, at_us, ..] => Ok(FleetStatus {
             in_flight: count(*in_flight),
             borrowed: count(*borrowed),
             waiting: count(*waiting),
+            at_us: count(*at_us),
         }),
         _ => Err(malformed(reply)),
     }
@@ -131,14 +173,16 @@ fn malformed(reply: &[i64]) -> redis::RedisError {
 }
 
 impl Scripts {
-    pub(crate) fn new(keys: Keys, caps: Caps) -> Self {
+    pub(crate) fn new(keys: Keys, caps: Caps, instance: String) -> Self {
         Scripts {
             keys,
             caps,
+            instance,
             acquire: script(include_str!("lua/acquire.lua")),
             release: script(include_str!("lua/release.lua")),
             reclaim: script(include_str!("lua/reclaim.lua")),
             heartbeat: script(include_str!("lua/heartbeat.lua")),
+            claim: script(include_str!("lua/claim.lua")),
         }
     }
 
@@ -154,8 +198,13 @@ impl Scripts {
             .key(&k.ticket_expiry)
             .key(&k.ticket_info)
             .key(&k.borrowed)
-            .arg(&k.scope_prefix)
-            .arg(&k.channel);
+            .key(&k.granted)
+            .key(&k.replicas)
+            .key(&k.classes)
+            .arg(&k.prefix)
+            .arg(&k.channel)
+            .arg(&self.instance)
+            .arg(self.caps.presence_ms);
         call
     }
 
@@ -167,16 +216,23 @@ impl Scripts {
         scope: &str,
         wait: bool,
     ) -> RedisResult<(FleetStatus, Taken)> {
-        let Caps { cap, slice, ttl_ms } = self.caps;
+        let Caps {
+            cap,
+            slice,
+            ttl_ms,
+            claim_ms,
+            ..
+        } = self.caps;
         let mut call = self.invocation(&self.acquire);
         call.arg(id)
             .arg(scope)
             .arg(cap)
             .arg(slice)
             .arg(ttl_ms)
-            .arg(if wait { "1" } else { "0" });
+            .arg(if wait { "1" } else { "0" })
+            .arg(claim_ms);
         let reply: Vec<i64> = call.invoke_async(con).await?;
-        let taken = match reply.get(3..5) {
+        let taken = match reply.get(STATUS_LEN..STATUS_LEN + 2) {
             Some([1, _]) => Taken::Granted,
             Some([2, arrival]) => Taken::Queued(*arrival),
             Some([0, _]) => Taken::Busy,
@@ -195,7 +251,7 @@ impl Scripts {
         let mut call = self.invocation(&self.release);
         call.arg(id).arg(scope);
         let reply: Vec<i64> = call.invoke_async(con).await?;
-        match reply.get(3) {
+        match reply.get(STATUS_LEN) {
             Some(removed) => Ok((status(&reply)?, *removed > 0)),
             None => Err(malformed(&reply)),
         }
@@ -208,11 +264,13 @@ impl Scripts {
         id: &str,
         scope: &str,
     ) -> RedisResult<(FleetStatus, Reclaimed)> {
-        let Caps { cap, slice, ttl_ms } = self.caps;
+        let Caps {
+            cap, slice, ttl_ms, ..
+        } = self.caps;
         let mut call = self.invocation(&self.reclaim);
         call.arg(id).arg(scope).arg(cap).arg(slice).arg(ttl_ms);
         let reply: Vec<i64> = call.invoke_async(con).await?;
-        let reclaimed = match reply.get(3) {
+        let reclaimed = match reply.get(STATUS_LEN) {
             Some(1) => Reclaimed::Taken,
             Some(3) => Reclaimed::BorrowedFleet,
             Some(4) => Reclaimed::BorrowedScope,
@@ -228,9 +286,8 @@ impl Scripts {
         con: &mut ConnectionManager,
         beats: &[Beat],
     ) -> RedisResult<(FleetStatus, Vec<BeatResult>)> {
-        let Caps { cap, slice, ttl_ms } = self.caps;
         let mut call = self.invocation(&self.heartbeat);
-        call.arg(cap).arg(slice).arg(ttl_ms);
+        self.caps_args(&mut call);
         for beat in beats {
             match beat {
                 Beat::Lease { id, scope } => {
@@ -247,7 +304,7 @@ impl Scripts {
         }
         let reply: Vec<i64> = call.invoke_async(con).await?;
         // The status, then one code per beat.
-        let codes = match reply.get(3..) {
+        let codes = match reply.get(STATUS_LEN..) {
             Some(codes) if codes.len() == beats.len() => codes,
             _ => return Err(malformed(&reply)),
         };
@@ -259,6 +316,50 @@ impl Scripts {
                 2 => BeatResult::Lost,
                 3 => BeatResult::Granted,
                 4 => BeatResult::Requeued,
+                _ => return Err(malformed(&reply)),
+            });
+        }
+        Ok((status(&reply)?, results))
+    }
+
+    /// This replica's cap, slice, lease TTL and claim window, as the heartbeat and claim
+    /// scripts take them.
+    fn caps_args(&self, call: &mut redis::ScriptInvocation<'_>) {
+        let Caps {
+            cap,
+            slice,
+            ttl_ms,
+            claim_ms,
+            ..
+        } = self.caps;
+        call.arg(cap).arg(slice).arg(ttl_ms).arg(claim_ms);
+    }
+
+    /// Claims granted tickets, at most [`HEARTBEAT_CHUNK`] of them; one result per request.
+    pub(crate) async fn claim(
+        &self,
+        con: &mut ConnectionManager,
+        requests: &[ClaimRequest],
+    ) -> RedisResult<(FleetStatus, Vec<Claimed>)> {
+        let mut call = self.invocation(&self.claim);
+        self.caps_args(&mut call);
+        for request in requests {
+            call.arg(&*request.id)
+                .arg(&*request.scope)
+                .arg(request.arrival_us.unwrap_or(-1));
+        }
+        let reply: Vec<i64> = call.invoke_async(con).await?;
+        let codes = match reply.get(STATUS_LEN..) {
+            Some(codes) if codes.len() == requests.len() => codes,
+            _ => return Err(malformed(&reply)),
+        };
+        let mut results = Vec::with_capacity(requests.len());
+        for code in codes {
+            results.push(match code {
+                1 => Claimed::Lease,
+                2 => Claimed::Waiting,
+                3 => Claimed::Expired,
+                4 => Claimed::ExpiredRegranted,
                 _ => return Err(malformed(&reply)),
             });
         }

@@ -1,6 +1,8 @@
 //! The pub/sub listener: learns at once that a ticket of this replica was granted, so hand-off
-//! is pushed rather than polled. A message can be lost (a reconnect, a slow consumer dropped by
-//! Redis), which the heartbeat's re-check covers.
+//! is pushed rather than polled, and claims the grant (one round trip) before the turn starts.
+//! A message can be lost (a reconnect, a slow consumer dropped by Redis), which the heartbeat's
+//! re-check covers; a message can also arrive late (this replica was paused), which the claim
+//! covers: a grant that expired meanwhile is not started on.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -8,7 +10,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use crate::limit::Inner;
-use crate::registry::Grant;
 
 /// Pause between two attempts to subscribe while Redis is up but the subscription fails.
 const RETRY: Duration = Duration::from_millis(200);
@@ -56,10 +57,20 @@ pub(crate) async fn run(limit: Weak<Inner>) {
                 let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
                     continue;
                 };
-                let mut registry = inner.registry();
-                for id in payload.split(' ') {
-                    // Ids of other replicas are unknown here and ignored.
-                    registry.grant(id, Grant::Fleet);
+                // Ids of other replicas are unknown here and ignored. A grant is claimed before
+                // its turn starts: it may have expired while this replica was paused.
+                let claims: Vec<_> = {
+                    let mut registry = inner.registry();
+                    payload
+                        .split(' ')
+                        .filter_map(|id| registry.announce(id))
+                        .collect()
+                };
+                if !claims.is_empty() {
+                    let claimer = inner.clone();
+                    inner
+                        .handle
+                        .spawn(async move { claimer.claim_grants(claims).await });
                 }
             }
             // The connection closed (Redis restarted, or the network failed): subscribe again;

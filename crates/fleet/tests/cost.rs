@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::{config, eventually, limit, RedisServer};
@@ -77,4 +79,90 @@ async fn the_heartbeat_renews_every_lease_in_one_call_per_interval() {
         server.command(&["KEYS", &format!("{{{KEY}}}*")]).is_empty()
     })
     .await;
+}
+
+/// Mean Lua time (µs) of the script calls Redis ran since `CONFIG RESETSTAT`.
+fn mean_script_usec(server: &RedisServer) -> f64 {
+    let info = server.command(&["INFO", "commandstats"]);
+    let (mut calls, mut usec) = (0u64, 0u64);
+    for line in info.lines().filter(|l| l.starts_with("cmdstat_evalsha:")) {
+        for field in line.split([':', ',']) {
+            if let Some(n) = field.strip_prefix("calls=") {
+                calls += n.parse::<u64>().unwrap();
+            } else if let Some(n) = field.strip_prefix("usec=") {
+                usec += n.parse::<u64>().unwrap();
+            }
+        }
+    }
+    assert!(calls > 0, "no script call measured");
+    usec as f64 / calls as f64
+}
+
+/// What one call costs with `waiting` tickets queued behind a full cap: the mean Lua time of
+/// 40 release-and-grant hand-offs (each granted turn gives its lease straight back and queues
+/// again at the back, so the queue keeps its length) and 40 acquisitions that find no room.
+async fn cost_with(server: &RedisServer, waiting: usize) -> f64 {
+    let key = format!("agent:cost-flat-{waiting}");
+    let tickets = format!("{{{key}}}:tickets");
+    let quiet = |id: &str| {
+        let mut c = config(server, &key, 1);
+        // No heartbeat or re-check during the measurement: only the calls measured run.
+        c.lease_ttl = Duration::from_secs(600);
+        c.command_timeout = Duration::from_secs(5);
+        c.recheck_interval = Duration::from_secs(60);
+        c.replica_id = id.to_owned();
+        limit(c)
+    };
+    let (holder, queue, prober) = (quiet("holder"), quiet("queue"), quiet("prober"));
+    let held = holder.acquire("").await.unwrap();
+    let hand_offs = Arc::new(AtomicI64::new(40));
+    let mut waits = Vec::new();
+    for _ in 0..waiting {
+        let (queue, hand_offs) = (queue.clone(), hand_offs.clone());
+        waits.push(tokio::spawn(async move {
+            loop {
+                let lease = queue.acquire("").await?;
+                if hand_offs.fetch_sub(1, Ordering::SeqCst) <= 0 {
+                    return Ok::<_, admitgate_fleet::FleetError>(lease);
+                }
+                lease.release().await;
+            }
+        }));
+    }
+    eventually(Duration::from_secs(60), "all tickets queued", || {
+        server.zcard(&tickets) == waiting as i64
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // the subscriber's first re-check
+    server.command(&["CONFIG", "RESETSTAT"]);
+    held.release().await;
+    eventually(Duration::from_secs(30), "40 hand-offs", || {
+        hand_offs.load(Ordering::SeqCst) < 0
+    })
+    .await;
+    for _ in 0..40 {
+        assert!(prober.try_acquire("").await.unwrap().is_none());
+    }
+    let mean = mean_script_usec(server);
+    queue.shutdown().await;
+    for wait in waits {
+        if let Ok(Ok(lease)) = wait.await {
+            lease.release().await;
+        }
+    }
+    mean
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripts_cost_stays_flat_as_tickets_grow() {
+    let server = RedisServer::start();
+    let small = cost_with(&server, 100).await;
+    let large = cost_with(&server, 2000).await;
+    eprintln!("mean Lua time per call: {small:.1} µs with 100 tickets, {large:.1} µs with 2,000");
+    // O(log n) per call: twenty times the tickets cost about the same (a walk over the queue
+    // would cost twenty times as much).
+    assert!(
+        large < 3.0 * small + 30.0,
+        "{small:.0} µs per call with 100 tickets, {large:.0} µs with 2,000"
+    );
 }

@@ -551,3 +551,93 @@ async fn during_a_rolling_deploy_each_replica_enforces_its_own_cap() {
     held.pop().unwrap().release().await;
     assert_eq!(server.zcard(&holders(&key)), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_paused_waiter_goes_unclaimed_and_no_turn_starts_on_it() {
+    let server = shared();
+    let key = unique_key("unclaimed");
+    let mut c = config(server, &key, 1);
+    c.lease_ttl = Duration::from_secs(3);
+    c.command_timeout = Duration::from_millis(250); // the claim window
+    let holder = limit(c.clone());
+    let held = holder.acquire("").await.unwrap();
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel();
+    let (paused_tx, paused_rx) = std::sync::mpsc::channel::<()>();
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let paused = {
+        let (c, started) = (c.clone(), started.clone());
+        std::thread::spawn(move || {
+            // One thread runs everything of this replica, so blocking it pauses it the way
+            // SIGSTOP would: its listener cannot claim, its heartbeat cannot renew.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let replica = FleetLimit::new(c, tokio::runtime::Handle::current()).unwrap();
+                let turns: Vec<_> = (0..2)
+                    .map(|_| {
+                        let (replica, started) = (replica.clone(), started.clone());
+                        tokio::spawn(async move {
+                            let lease = replica.acquire("").await.unwrap();
+                            started.lock().unwrap().push(Instant::now());
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            lease.release().await;
+                        })
+                    })
+                    .collect();
+                while replica.stats().fleet_waiting < 2 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                queued_tx.send(()).unwrap();
+                paused_rx.recv().unwrap(); // paused until told
+                for turn in turns {
+                    turn.await.unwrap();
+                }
+                replica.stats().lease_lost
+            })
+        })
+    };
+    queued_rx.recv().unwrap();
+    let other = limit(c);
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        async move { other.acquire("").await.unwrap() }
+    });
+    eventually(Duration::from_secs(2), "the other replica queued", || {
+        server.zcard(&tickets(&key)) == 3
+    })
+    .await;
+    let released = Instant::now();
+    held.release().await; // granted to the paused replica's oldest ticket
+    let lease = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("the room went on to the live replica")
+        .unwrap();
+    let took = released.elapsed();
+    // The claim window (250 ms), then the live waiter's next re-check (200 ms); before, the
+    // grant held the room for the whole lease TTL (3 s).
+    assert!(
+        took < Duration::from_millis(250 + 200 + 500),
+        "took {took:?}"
+    );
+    paused_tx.send(()).unwrap(); // wakes: its stale grant message arrives now
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        started.lock().unwrap().is_empty(),
+        "a turn started on an expired grant while the room was taken"
+    );
+    let freed = Instant::now();
+    lease.release().await;
+    let lost = tokio::task::spawn_blocking(move || paused.join().unwrap())
+        .await
+        .unwrap();
+    let starts = started.lock().unwrap().clone();
+    assert_eq!(starts.len(), 2, "both waiting turns ran in the end");
+    assert!(starts.iter().all(|s| *s >= freed));
+    assert!(lost <= 1, "{lost} lost grants counted");
+    eventually(Duration::from_secs(2), "nothing left", || {
+        server.zcard(&holders(&key)) == 0 && server.zcard(&tickets(&key)) == 0
+    })
+    .await;
+}

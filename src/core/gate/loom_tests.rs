@@ -317,3 +317,69 @@ fn loom_human_wait_lend_and_borrow() {
         );
     });
 }
+
+/// A body that must never run beside another (ceiling 1): counts bodies running at once.
+fn body(running: &AtomicUsize) {
+    assert_eq!(
+        running.fetch_add(1, Ordering::SeqCst),
+        0,
+        "two bodies at once"
+    );
+    running.fetch_sub(1, Ordering::SeqCst);
+}
+
+#[test]
+fn loom_passthrough_turn_races_a_reconfigure_that_sets_a_ceiling() {
+    // A gate enforcing nothing lets a turn through (re-checking the ceiling after taking its
+    // ticket, as the binding does) while another thread sets a ceiling of 1 and sends a turn
+    // through it: however they interleave, the two bodies never run at once, and the slot
+    // the gate adopted is returned exactly once.
+    loom::model(|| {
+        let g = gate(0, 2, "queue", 0);
+        let running = Arc::new(AtomicUsize::new(0));
+        let passer = {
+            let (g, running) = (g.clone(), running.clone());
+            thread::spawn(move || {
+                let ticket = g.pass_through();
+                if g.limits().max_concurrent_runs == 0 {
+                    body(&running);
+                    g.end_pass_through(ticket, None).run();
+                    return None;
+                }
+                // The gate enforces a ceiling now: undo, and arrive like any other turn.
+                g.end_pass_through(ticket, None).run();
+                Some(gated_turn(&g, &running))
+            })
+        };
+        let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(1, 2, "queue", 0).unwrap(), None);
+        wakes.run();
+        let mut ends = vec![gated_turn(&g, &running)];
+        ends.extend(passer.join().unwrap());
+        settle(&g, &ends);
+    });
+}
+
+/// A turn through the gate whose body is counted by `running`.
+fn gated_turn(g: &G, running: &AtomicUsize) -> End {
+    let (arrival, wakes) = g.arrive(None, None, Decision::Admit, || Duration::ZERO);
+    wakes.run();
+    let scope = match arrival {
+        Arrival::Admitted(scope) => scope,
+        Arrival::Queued(key) => {
+            let flag = Flag::new();
+            if g.register(key, flag.clone()).0 == Registered::Waiting {
+                flag.wait();
+            }
+            let (claim, wakes) = g.claim(key, || Duration::ZERO);
+            wakes.run();
+            match claim {
+                Claim::Admitted(scope) => scope,
+                other => panic!("woken but {other:?}"),
+            }
+        }
+        Arrival::Rejected(..) => return End::Rejected,
+    };
+    body(running);
+    TurnSlot::new(scope).close(g, None).run();
+    End::Ran
+}

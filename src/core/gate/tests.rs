@@ -659,7 +659,7 @@ fn reconfigure_trims_each_lane_keeps_running_turns_and_fills_raised_ceilings() {
     let _b = queue(&g, "t");
     let (t2, _) = queue(&g, "t");
     let (u1, _) = queue(&g, "u"); // blocked by the global ceiling, in its own lane
-    let (refused, wakes) = g.reconfigure(ConcurrencyLimit::new(1, 1, "reject", 1).unwrap());
+    let (refused, wakes) = g.reconfigure(ConcurrencyLimit::new(1, 1, "reject", 1).unwrap(), None);
     wakes.run();
     g.check_invariants();
     assert_eq!(refused, 1);
@@ -668,7 +668,7 @@ fn reconfigure_trims_each_lane_keeps_running_turns_and_fills_raised_ceilings() {
         Claim::Refused(Rejection::QueueFull, Some(_))
     ));
     assert_eq!(stats(&g).in_flight, 1, "the running turn is untouched");
-    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(3, 1, "reject", 1).unwrap());
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(3, 1, "reject", 1).unwrap(), None);
     wakes.run();
     g.check_invariants();
     // u is granted at once; t stays at its per-tenant limit.
@@ -783,7 +783,7 @@ fn a_waker_panicking_mid_handoff_strands_nobody_else_and_counters_add_up() {
         })
         .collect();
 
-    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(4, 3, "queue", 0).unwrap());
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(4, 3, "queue", 0).unwrap(), None);
     assert_eq!(wakes.len(), 3);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wakes.run()));
     assert!(outcome.is_err(), "the waker's panic reaches the caller");
@@ -813,4 +813,115 @@ fn a_waker_panicking_mid_handoff_strands_nobody_else_and_counters_add_up() {
     running.close(&g, None).run();
     g.check_invariants();
     assert_eq!(g.stats(|| T0).in_flight, 3);
+}
+
+#[test]
+fn pressure_easing_at_a_reconfigure_starts_held_back_waiters() {
+    // Ceiling 4, one running, three held back by soft pressure: the gate says so.
+    let g = gate(4, 8, "reject", 0);
+    let _a = admit(&g, "");
+    let wakers: Vec<Counter> = (0..3)
+        .map(|_| {
+            let key = queue_with(&g, Decision::Queue);
+            let waker = Counter::default();
+            assert_eq!(g.register(key, waker.clone()).0, Registered::Waiting);
+            waker
+        })
+        .collect();
+    assert!(
+        g.held_back(),
+        "three waiters, three free slots, soft pressure"
+    );
+    // A reconfigure that keeps the pressure changes nothing; one under eased pressure (or
+    // memory-aware admission turned off) starts all three at once.
+    let limits = *g.state.lock().limits();
+    let (_, wakes) = g.reconfigure(limits, Some(Decision::Queue));
+    assert!(wakes.is_empty());
+    assert!(g.held_back());
+    let (_, wakes) = g.reconfigure(limits, Some(Decision::Admit));
+    assert_eq!(wakes.len(), 3);
+    wakes.run();
+    g.check_invariants();
+    assert!(wakers.iter().all(|w| w.woken() == 1));
+    assert!(!g.held_back());
+    assert_eq!(stats(&g).granted_unclaimed, 3);
+    // The same through a sample taken with nobody arriving (`note_pressure`).
+    let h = gate(2, 8, "reject", 0);
+    let _b = admit(&h, "");
+    let key = queue_with(&h, Decision::Queue);
+    assert!(h.held_back());
+    assert!(h.note_pressure(Decision::Queue).is_empty());
+    h.note_pressure(Decision::Admit).run();
+    h.check_invariants();
+    assert!(!h.held_back());
+    assert_eq!(claim(&h, key), Claim::Admitted(None));
+}
+
+#[test]
+fn turns_let_through_are_adopted_by_a_ceiling_set_later() {
+    let g = gate(0, 4, "queue", 0);
+    let tickets: Vec<_> = (0..3).map(|_| g.pass_through()).collect();
+    assert_eq!(
+        stats(&g).in_flight,
+        0,
+        "uncounted while the gate enforces nothing"
+    );
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(2, 4, "queue", 0).unwrap(), None);
+    wakes.run();
+    g.check_invariants();
+    let s = stats(&g);
+    assert_eq!((s.in_flight, s.admitted, s.peak_in_flight), (3, 0, 3));
+    let (key, waker) = queue(&g, "");
+    // Two of the three end: only then is a slot free under the ceiling of 2.
+    let mut tickets = tickets.into_iter();
+    for _ in 0..2 {
+        g.end_pass_through(tickets.next().unwrap(), None).run();
+        g.check_invariants();
+    }
+    assert_eq!(waker.woken(), 1);
+    assert_eq!(claim(&g, key), Claim::Admitted(None));
+    g.end_pass_through(tickets.next().unwrap(), None).run();
+    close(&g, &TurnSlot::new(None));
+    let s = stats(&g);
+    assert_eq!((s.in_flight, s.queued, s.admitted), (0, 0, 1));
+    // A turn let through after the ceiling went back to 0 is adopted by the next enforced
+    // arrival (a custom policy can start enforcing with no reconfigure).
+    let (_, wakes) = g.reconfigure(ConcurrencyLimit::new(0, 4, "queue", 0).unwrap(), None);
+    wakes.run();
+    let late = g.pass_through();
+    let _enforced = admit(&g, "");
+    assert_eq!(stats(&g).in_flight, 2);
+    g.end_pass_through(late, None).run();
+    assert_eq!(stats(&g).in_flight, 1);
+    // A forked child forgets them (the binding never ends a parent's ticket in the child):
+    // the next enforced arrival adopts nothing.
+    let _parents = g.pass_through();
+    drop(g.reset());
+    let _child = admit(&g, "");
+    assert_eq!(stats(&g).in_flight, 1);
+}
+
+#[test]
+fn turns_waiting_for_confirmation_are_counted_apart_from_running_ones() {
+    let g = gate(2, 2, "reject", 0);
+    g.defer_admission();
+    let Arrival::Admitted(_) = arrive(&g, "", Decision::Admit) else {
+        panic!("a free slot is granted");
+    };
+    let Arrival::Admitted(_) = arrive(&g, "", Decision::Admit) else {
+        panic!("a free slot is granted");
+    };
+    let (key, _w) = queue(&g, "");
+    assert_eq!(g.running_and_unconfirmed(), (2, 2));
+    g.confirm();
+    assert_eq!(g.running_and_unconfirmed(), (2, 1));
+    // The unconfirmed one is revoked: its slot goes to the waiter, granted and unconfirmed.
+    let (_, wakes) = g.revoke(None, Some(Rejection::Closing), || T0);
+    wakes.run();
+    g.check_invariants();
+    assert_eq!(g.running_and_unconfirmed(), (2, 1));
+    // Cancelled between its grant and its claim: the slot it never confirmed is returned.
+    assert_eq!(g.cancel(key).0, Cancelled::ReturnedSlot);
+    g.check_invariants();
+    assert_eq!(g.running_and_unconfirmed(), (1, 0));
 }

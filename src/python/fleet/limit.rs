@@ -333,7 +333,8 @@ impl PyFleetLimit {
         self.config.connect_timeout.as_secs_f64()
     }
 
-    /// The bound on one command's round trip, in seconds.
+    /// How long one command's reply is awaited (with the connect timeout) before a PING asks
+    /// whether Redis is alive, in seconds; also the claim window of a grant to this replica.
     #[getter]
     fn command_timeout_s(&self) -> f64 {
         self.config.command_timeout.as_secs_f64()
@@ -360,8 +361,10 @@ impl PyFleetLimit {
         guard(|| Ok(self.limit()?.backend_up()))
     }
 
-    /// Counters, without a round trip: `fleet_in_flight` (leases held across the fleet, last
-    /// known), `fleet_max_in_flight`, `fleet_backend_up` (1/0), `fleet_lease_lost`,
+    /// Counters, without a round trip: `fleet_in_flight` (leases held across the fleet: the
+    /// newest figure Redis reported, at most one heartbeat interval old), `fleet_max_in_flight`,
+    /// `fleet_backend_up` (1/0), `fleet_lease_lost` (running turns whose lease expired with no
+    /// room to take it again, and grants that expired before this replica claimed them),
     /// `fleet_borrowed` (leases borrowed over the cap, last known), `fleet_outages`, and
     /// `fleet_max_in_flight_per_scope`, `fleet_waiting` (turns waiting across the fleet, last
     /// known), `fleet_lease_retaken`, `fleet_replica_held` and `fleet_replica_waiting` (this

@@ -1,22 +1,25 @@
--- One replica's heartbeat: renews all of its leases and tickets in one call. ARGV: 3 cap,
--- 4 slice, 5 ttl_ms, then groups of 4 from ARGV[6]: kind ('L' lease, 'T' ticket), id, scope,
--- arrival_us (tickets).
--- Returns {total, borrowed, waiting, result per group}:
+-- One replica's heartbeat: renews all of its leases and tickets in one call, and claims the
+-- grants it finds. ARGV: 5 cap, 6 slice, 7 ttl_ms, 8 claim_ms, then groups of 4 from ARGV[9]:
+-- kind ('L' lease, 'T' ticket), id, scope, arrival_us (tickets).
+-- Returns {total, borrowed, waiting, time_us, result per group}:
 --   lease:  0 renewed, 1 re-taken (it was gone: Redis restarted or it expired, and there was
 --           room), 2 lost (gone and no room)
---   ticket: 0 renewed, 3 granted (it is a lease now), 4 queued again with its old arrival
---           (it was gone: Redis restarted)
-local cap, slice, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+--   ticket: 0 renewed, 3 granted and claimed (it is a lease now), 4 queued again with its old
+--           arrival (it was gone: Redis restarted, or it expired while its replica was away)
+local cap, slice, ttl, claim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
+  tonumber(ARGV[8])
 
 prune()
 local results = {}
-local i = 6
+local relinked = {}
+local renewed = false
+local i = 9
 while i + 3 <= #ARGV do
   local kind, id, scope = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local result
   if kind == 'L' then
     if redis.call('ZSCORE', holders, id) then
-      add_holder(id, scope, ttl)
+      claim_holder(id, scope, ttl)
       result = 0
     elseif redis.call('ZCARD', holders) < cap and scope_has_room(scope, slice) then
       -- Running turns come before waiting tickets: this turn is running already.
@@ -26,17 +29,28 @@ while i + 3 <= #ARGV do
       result = 2
     end
   else
+    if not renewed then
+      renewed = true
+      renew_presence()
+    end
     if redis.call('ZSCORE', tickets, id) then
       redis.call('ZADD', ticket_expiry, now + ttl, id)
-      keep(tickets, ttl)
-      keep(ticket_expiry, ttl)
-      keep(ticket_info, ttl)
+      local lane = instance_of(id) .. '|' .. scope
+      if not relinked[lane] then
+        -- Back in line if its lane left the heads while this replica was away.
+        relinked[lane] = true
+        keep(tickets, ttl)
+        keep(ticket_expiry, ttl)
+        keep(ticket_info, ttl)
+        keep(lane_key(lane), ttl)
+        relink(lane, cap, ttl)
+      end
       result = 0
     elseif redis.call('ZSCORE', holders, id) then
-      add_holder(id, scope, ttl)
+      claim_holder(id, scope, ttl)
       result = 3
     else
-      add_ticket(id, ARGV[i + 3], cap, ttl, slice, scope)
+      add_ticket(id, ARGV[i + 3], cap, ttl, slice, claim, scope)
       result = 4
     end
   end
@@ -48,10 +62,11 @@ if borrowed() > 0 then
 end
 
 grant_waiting()
--- Tickets granted just now (by the loop above) are reported as granted.
-i = 6
+-- Tickets granted just now (by the loop above) are claimed and reported as granted.
+i = 9
 for j = 1, #results do
   if ARGV[i] == 'T' and results[j] ~= 3 and redis.call('ZSCORE', holders, ARGV[i + 1]) then
+    claim_holder(ARGV[i + 1], ARGV[i + 2], ttl)
     results[j] = 3
   end
   i = i + 4
@@ -59,6 +74,6 @@ end
 
 local reply = status()
 for j = 1, #results do
-  reply[3 + j] = results[j]
+  reply[4 + j] = results[j]
 end
 return reply

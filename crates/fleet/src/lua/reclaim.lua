@@ -1,17 +1,19 @@
 -- Resume a turn that lent its lease while a person decided: take a lease if there is room,
 -- otherwise borrow one (add it over the cap and count it in `borrowed`; the next departure of
--- any holder repays it instead of freeing room). Never queues. ARGV: 3 id, 4 scope, 5 cap,
--- 6 slice, 7 ttl_ms.
--- Returns {total, borrowed, waiting, code}: code 1 taken, 3 borrowed over the fleet cap,
--- 4 over the tenant's slice only (repaid by that tenant's next release).
-local id, scope = ARGV[3], ARGV[4]
-local cap, slice, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- any holder repays it instead of freeing room). Never queues. ARGV: 5 id, 6 scope, 7 cap,
+-- 8 slice, 9 ttl_ms.
+-- Returns {total, borrowed, waiting, time_us, code}: code 1 taken, 3 borrowed over the fleet
+-- cap, 4 over the tenant's slice only (repaid by that tenant's next release).
+local id, scope = ARGV[5], ARGV[6]
+local cap, slice, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 
 prune()
 grant_waiting()
 
 local code = 1
-if not redis.call('ZSCORE', holders, id) then
+if redis.call('ZSCORE', holders, id) then
+  claim_holder(id, scope, ttl)
+else
   local total = redis.call('ZCARD', holders)
   local scope_room = scope_has_room(scope, slice)
   add_holder(id, scope, ttl)
@@ -25,5 +27,5 @@ if not redis.call('ZSCORE', holders, id) then
 end
 
 local reply = status()
-reply[4] = code
+reply[5] = code
 return reply

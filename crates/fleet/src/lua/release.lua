@@ -1,13 +1,13 @@
 -- Give back a lease, or withdraw a ticket (a cancelled wait), whichever the id is; a ticket
 -- granted at the moment of its cancellation is a lease by now and is given back too. The room
--- goes to the oldest ticket that can run. ARGV: 3 id, 4 scope.
--- Returns {total, borrowed, waiting, removed}: removed 1 when a lease or ticket went.
-local id, scope = ARGV[3], ARGV[4]
+-- goes to the oldest ticket that can run. ARGV: 5 id, 6 scope.
+-- Returns {total, borrowed, waiting, time_us, removed}: removed 1 when a lease or ticket went.
+local id, scope = ARGV[5], ARGV[6]
 
 prune()
 local removed = drop_ticket(id) + remove_holder(id, scope)
 grant_waiting()
 
 local reply = status()
-reply[4] = removed
+reply[5] = removed
 return reply
