@@ -266,6 +266,32 @@ def test_place_in_line_after_a_burst_across_tenants():
     run(scenario())
 
 
+def test_no_estimated_wait_until_a_turn_of_the_gate_has_ended():
+    """A gate that has just filled up has no release rate yet: its first waiters are told
+    nothing (``None``), not the microseconds since its first sample (it said 1.4e-05 s)."""
+
+    async def scenario():
+        gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=4)
+        calls: list[tuple[int, float | None]] = []
+        holder = Turn(gate)
+        await settle()
+        first = Turn(gate, on_queued=lambda p, e: calls.append((p, e)))
+        await settle()
+        assert calls == [(0, None)]
+        assert first.admission.estimated_wait_s is None
+        holder.release.set()
+        await settle()
+        second = Turn(gate, on_queued=lambda p, e: calls.append((p, e)))
+        await settle()
+        assert calls[1][0] == 0 and calls[1][1] is not None, "a turn has ended: an estimate"
+        for t in (first, second):
+            t.release.set()
+        await settle()
+        assert conserved(gate) == 3
+
+    run(scenario())
+
+
 def test_on_queued_is_not_called_for_turns_that_do_not_wait_and_a_raising_one_loses_nothing():
     async def scenario():
         gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=2)

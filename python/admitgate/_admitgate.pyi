@@ -16,9 +16,11 @@ from ._types import ResourceSample
 __all__ = [
     "DURATION_BUCKETS",
     "MAX_TRANSPORTS",
+    "A2ARoutes",
     "InternalError",
     "_fleet_runtime_running",
     "_invalidate_samplers",
+    "_jsonrpc_request",
     "_panic_in_next_wakes",
     "_panic_inside_gate",
     "_quiesce_at_exit",
@@ -367,7 +369,7 @@ class Admission:
     def estimated_wait_s(self) -> float | None:
         """While the turn waits: seconds until it may start at the recent release rate
         (the estimator behind ``AdmissionRejected.retry_after``, unclamped); ``None``
-        otherwise or before the gate has any history."""
+        otherwise or until some turn of the gate has ended."""
     def report_throttled(self, retry_after_s: float | None = None) -> None:
         """Reports that the provider throttled this turn's call (429), with its
         ``Retry-After`` in seconds if sent. With ``adaptive=`` the ceiling moves when the
@@ -596,6 +598,19 @@ class FleetLease:
     def release(self) -> Awaitable[None]:
         """Gives the lease back; under way once called, idempotent."""
 
+@final
+class A2ARoutes:
+    """The A2A SDK's routes for one ``path_prefix`` and JSON-RPC endpoint, matched as
+    Starlette matches them (``crates/classify``; the broker uses the same code)."""
+
+    def __new__(cls, path_prefix: str, jsonrpc_path: str | None) -> A2ARoutes: ...
+    def kind(self, method: str, path: str, root_path: str) -> int:
+        """0 passthrough, 1 read, 2 work, 3 the JSON-RPC endpoint: the strongest verdict of
+        every layout the SDK builds."""
+
+def _jsonrpc_request(
+    body: bytes,
+) -> tuple[str | None, str | int | None] | Literal[False] | None: ...
 def _rejection_class() -> type[Exception]: ...
 def _set_rejection_class(cls: type[Exception] | None) -> None: ...
 def _reset_after_fork() -> None: ...

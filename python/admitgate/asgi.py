@@ -89,7 +89,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
-from ._a2a_routes import JSONRPC, PASS, READ, WORK, Router, sdk_routers
+from ._a2a_routes import JSONRPC, PASS, READ, WORK, sdk_routes
 from ._admitgate import Entered, Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
@@ -480,18 +480,13 @@ class AdmissionMiddleware:
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         self._gate_all = gate_methods == "all"
-        routers = sdk_routers(prefix, jsonrpc_path)
-        self._router: Router = routers[0]
-        self._mounted: Router | None = routers[1] if len(routers) > 1 else None
+        self._routes = sdk_routes(prefix, jsonrpc_path)
 
     # -- classification --------------------------------------------------------------------
 
     def _classify(self, method: str, path: str, root_path: str) -> int:
         """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
-        kind = self._router.kind(method, path, root_path)
-        if self._mounted is not None:  # with a path_prefix: the stronger verdict of both layouts
-            kind = max(kind, self._mounted.kind(method, path, root_path))
-        return kind
+        return self._routes.kind(method, path, root_path)
 
     def _inspect(self, kind: int, body: bytes | bytearray, more: bool) -> tuple[bool, object]:
         """``(gated, rpc_id)`` of a request from the start of its ``body`` (``more``: it does

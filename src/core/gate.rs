@@ -1074,11 +1074,12 @@ impl<W> GateState<W> {
     }
 
     /// Seconds until a turn with `position` turns ahead of it may start, at the recent
-    /// release rate, unclamped (the estimator behind retry hints). `None` before the gate has
-    /// any history.
+    /// release rate, unclamped (the estimator behind retry hints). `None` until some turn
+    /// has ended ([`ReleaseRate::expected_wait`](super::retry::ReleaseRate::expected_wait)).
     pub fn estimate_wait(&mut self, position: u64, now: Duration) -> Option<Duration> {
         self.release_rate.observe(now, self.slots_freed);
-        self.release_rate.estimate(position, now, self.slots_freed)
+        self.release_rate
+            .expected_wait(position, now, self.slots_freed)
     }
 
     /// Per tenant with turns running or waiting: `(tenant, in flight, queued)`. Empty when

@@ -72,6 +72,17 @@ impl ReleaseRate {
         Some(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
     }
 
+    /// [`ReleaseRate::estimate`] for a waiter's expected wait: `None` until some turn has
+    /// ended. Before that the rate's span says nothing of how long turns take: a gate that has
+    /// just filled up would estimate the microseconds since its first sample. (The retry hint
+    /// keeps the bound instead, clamped to [`RETRY_MIN`] at least.)
+    pub fn expected_wait(&self, ahead: u64, now: Duration, releases: u64) -> Option<Duration> {
+        if releases == 0 {
+            return None;
+        }
+        self.estimate(ahead, now, releases)
+    }
+
     /// [`ReleaseRate::estimate`] clamped to `[RETRY_MIN, RETRY_MAX]`: the hint a client gets.
     pub fn retry_after(&self, ahead: u64, now: Duration, releases: u64) -> Duration {
         self.estimate(ahead, now, releases)
@@ -127,6 +138,18 @@ mod tests {
         assert_eq!(r.samples.len(), 1);
         // Just filled up: 5 releases in 0.5 s -> 10/s.
         let est = r.estimate(4, secs(1.5), 5).unwrap();
+        assert!((est.as_secs_f64() - 0.5).abs() < 1e-9, "{est:?}");
+    }
+
+    #[test]
+    fn no_expected_wait_until_a_turn_has_ended() {
+        let mut r = ReleaseRate::default();
+        r.observe(secs(1.0), 0);
+        // Just filled up: the estimate is the microseconds since the sample, not a wait.
+        assert!(r.estimate(0, secs(1.00001), 0).is_some());
+        assert_eq!(r.expected_wait(0, secs(1.00001), 0), None);
+        assert_eq!(r.retry_after(0, secs(1.00001), 0), RETRY_MIN);
+        let est = r.expected_wait(4, secs(1.5), 5).unwrap();
         assert!((est.as_secs_f64() - 0.5).abs() < 1e-9, "{est:?}");
     }
 }

@@ -669,7 +669,7 @@ impl Admission {
     }
 
     /// While the turn waits: seconds until it may start at the recent release rate
-    /// (unclamped); `None` otherwise, or before the gate has any history.
+    /// (unclamped); `None` otherwise, or until some turn of the gate has ended.
     #[getter]
     fn estimated_wait_s(&self) -> PyResult<Option<f64>> {
         guard(|| {

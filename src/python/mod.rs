@@ -16,6 +16,7 @@ mod admission;
 mod args;
 mod awaitables;
 mod blocking;
+mod classify;
 mod errors;
 mod exit;
 mod fleet;
@@ -40,6 +41,8 @@ mod _admitgate {
     use super::admission::Admission;
     #[pymodule_export]
     use super::awaitables::{QueueTimer, Ready, Wait};
+    #[pymodule_export]
+    use super::classify::{_jsonrpc_request, A2ARoutes};
     #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]

@@ -1,0 +1,470 @@
+//! The broker's settings: command-line flags, then a YAML file (`--config`), then defaults,
+//! in that order of precedence (as the gateway's configuration).
+//!
+//! Every setting has one flag and one YAML key: the flag's name with `_` for `-`
+//! (`--max-in-flight` is `max_in_flight`). An unknown YAML key is an error naming it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// admitgate broker: a sidecar that gates A2A traffic in front of an agent.
+///
+/// HTTP/1.1 and cleartext HTTP/2 on one port. A2A requests that start or continue work
+/// (JSON-RPC SendMessage / SendStreamingMessage / SubscribeToTask, REST message:send,
+/// message:stream, tasks/{id}:subscribe, the gRPC A2A service's same methods) take a slot
+/// until their response body ends or their client leaves; everything else (agent card, UIs,
+/// custom routes, health checks, WebSocket upgrades) is proxied untouched.
+#[derive(Parser, Debug, Default, Clone)]
+#[command(name = "admitgate-broker", version, about, long_about = None, allow_negative_numbers = true)]
+pub struct Flags {
+    /// Address to accept clients on (HTTP/1.1 and h2c prior knowledge). Default 127.0.0.1:8080.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// The agent's HTTP address (http://host:port). Required (flag or YAML).
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Where gRPC calls go (h2c). Default: --upstream, over h2c.
+    #[arg(long, value_name = "URL")]
+    pub grpc_upstream: Option<String>,
+    /// The agent's in-flight cap for gated A2A requests, shared by every transport; 0: no cap.
+    /// Default 0.
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<i64>,
+    /// How many gated requests may wait for a slot before the overflow policy applies.
+    /// Default 0 (no queue: refuse at the cap, as a mesh broker does).
+    #[arg(long, value_name = "N")]
+    pub queue_depth: Option<i64>,
+    /// What a request meets when the queue is full: reject, queue (wait beyond the depth) or
+    /// shed_oldest (evict the oldest waiter). Default reject.
+    #[arg(long, value_name = "POLICY")]
+    pub overflow_policy: Option<String>,
+    /// Seconds a request may wait for its slot (and fleet lease) before it is refused with
+    /// `timeout`. Default: no limit.
+    #[arg(long, value_name = "SECONDS")]
+    pub queue_timeout: Option<f64>,
+    /// Per-tenant cap within --max-in-flight; 0: none. Needs --tenant-from. Default 0.
+    #[arg(long, value_name = "N")]
+    pub max_in_flight_per_tenant: Option<i64>,
+    /// Where a request's tenant is read: `header:NAME` (an HTTP header or gRPC metadata key)
+    /// or `path` (the A2A tenant segment, /{tenant}/message:send). Default: no tenant.
+    #[arg(long, value_name = "SOURCE")]
+    pub tenant_from: Option<String>,
+    /// Gate `work` (default: requests that start or continue agent work) or `all` A2A requests.
+    #[arg(long, value_name = "WHICH")]
+    pub gate_methods: Option<String>,
+    /// Where the A2A routes live on the agent (the SDK's path_prefix). Default "".
+    #[arg(long, value_name = "PATH")]
+    pub path_prefix: Option<String>,
+    /// The JSON-RPC endpoint below --path-prefix; `none` when the agent serves no JSON-RPC.
+    /// Default "/".
+    #[arg(long, value_name = "PATH")]
+    pub jsonrpc_path: Option<String>,
+    /// Bytes of a JSON-RPC body read before admission to learn its method and id. Default 65536.
+    #[arg(long, value_name = "BYTES")]
+    pub max_peek_bytes: Option<usize>,
+    /// Fleet-wide limit: a Redis URL (redis:// or rediss://); every broker of the agent with the
+    /// same --fleet-key shares one exact cap (--max-in-flight). Default: none.
+    #[arg(long, value_name = "URL")]
+    pub fleet: Option<String>,
+    /// The fleet limit's name in Redis. Default agent:default.
+    #[arg(long, value_name = "KEY")]
+    pub fleet_key: Option<String>,
+    /// While Redis is unreachable: `local` (admit against this broker's cap alone) or `reject`.
+    /// Default local.
+    #[arg(long, value_name = "MODE")]
+    pub fleet_on_error: Option<String>,
+    /// A PEM file of the CA that signed a rediss:// fleet server's certificate. Default: the
+    /// system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tls_ca_file: Option<PathBuf>,
+    /// Serve /metrics (Prometheus), /livez and /readyz on this address. Default: none.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Seconds running requests may take to finish after SIGTERM/SIGINT. Default 15.
+    #[arg(long, value_name = "SECONDS")]
+    pub drain_timeout: Option<f64>,
+    /// Seconds a new connection may take to send its first bytes (an HTTP/2 preface or a
+    /// request line) before it is closed. Default 10.
+    #[arg(long, value_name = "SECONDS")]
+    pub first_bytes_timeout: Option<f64>,
+    /// Seconds an idle upstream connection is kept for reuse; keep it below the agent's own
+    /// keep-alive timeout (uvicorn: 5 s) so no request goes out on a closing connection.
+    /// Default 0.5.
+    #[arg(long, value_name = "SECONDS")]
+    pub upstream_idle_timeout: Option<f64>,
+    /// How many idle upstream connections are kept for reuse (per upstream); more are closed
+    /// once idle. Default 128.
+    #[arg(long, value_name = "N")]
+    pub upstream_max_idle: Option<usize>,
+    /// Memory-aware admission: queue new work at this fraction of the agent container's
+    /// memory.max (cgroup v2), 0 for none. Default 0.
+    #[arg(long, value_name = "RATIO")]
+    pub memory_soft_ratio: Option<f64>,
+    /// Memory-aware admission: refuse new work (503 memory_pressure) at this fraction of the
+    /// container's memory.max, 0 for none. Default 0.
+    #[arg(long, value_name = "RATIO")]
+    pub memory_hard_ratio: Option<f64>,
+    /// The cgroup v2 directory whose memory.current / memory.max are read. Default
+    /// /sys/fs/cgroup (the pod's when the broker shares the agent's cgroup).
+    #[arg(long, value_name = "DIR")]
+    pub memory_cgroup: Option<PathBuf>,
+    /// A YAML file with any of these settings (keys as the flags, with `_`); flags win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// The YAML file's shape: the same settings as the flags.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    listen: Option<SocketAddr>,
+    upstream: Option<String>,
+    grpc_upstream: Option<String>,
+    max_in_flight: Option<i64>,
+    queue_depth: Option<i64>,
+    overflow_policy: Option<String>,
+    queue_timeout: Option<f64>,
+    max_in_flight_per_tenant: Option<i64>,
+    tenant_from: Option<String>,
+    gate_methods: Option<String>,
+    path_prefix: Option<String>,
+    jsonrpc_path: Option<String>,
+    max_peek_bytes: Option<usize>,
+    fleet: Option<String>,
+    fleet_key: Option<String>,
+    fleet_on_error: Option<String>,
+    fleet_tls_ca_file: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+    drain_timeout: Option<f64>,
+    first_bytes_timeout: Option<f64>,
+    upstream_idle_timeout: Option<f64>,
+    upstream_max_idle: Option<usize>,
+    memory_soft_ratio: Option<f64>,
+    memory_hard_ratio: Option<f64>,
+    memory_cgroup: Option<PathBuf>,
+}
+
+/// Where a request's tenant comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantFrom {
+    /// No tenant: the global cap only.
+    None,
+    /// An HTTP header (or gRPC metadata key), lowercase.
+    Header(http::HeaderName),
+    /// The A2A REST tenant segment.
+    Path,
+}
+
+/// An upstream address.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// `http`.
+    pub scheme: http::uri::Scheme,
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+}
+
+/// The validated settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub upstream: Upstream,
+    pub grpc_upstream: Upstream,
+    pub max_in_flight: i64,
+    pub queue_depth: i64,
+    pub overflow_policy: String,
+    pub queue_timeout: Option<Duration>,
+    pub max_in_flight_per_tenant: i64,
+    pub tenant_from: TenantFrom,
+    pub gate_all: bool,
+    pub path_prefix: String,
+    pub jsonrpc_path: Option<String>,
+    pub max_peek_bytes: usize,
+    pub fleet: Option<String>,
+    pub fleet_key: String,
+    pub fleet_on_error: String,
+    pub fleet_tls_ca_file: Option<PathBuf>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub drain_timeout: Duration,
+    pub first_bytes_timeout: Duration,
+    pub upstream_idle_timeout: Duration,
+    pub upstream_max_idle: usize,
+    pub memory_soft_ratio: f64,
+    pub memory_hard_ratio: f64,
+    pub memory_cgroup: PathBuf,
+}
+
+/// A setting that cannot be used, named with its bad value (never a password: URLs are shown
+/// redacted).
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(message: String) -> Result<T, ConfigError> {
+    Err(ConfigError(message))
+}
+
+fn seconds(name: &str, value: f64, allow_zero: bool) -> Result<Duration, ConfigError> {
+    if !value.is_finite() || value < 0.0 || (!allow_zero && value == 0.0) || value > 86_400.0 {
+        let range = if allow_zero { ">= 0" } else { "> 0" };
+        return err(format!(
+            "{name} must be a number of seconds {range} and at most 86400, got {value}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+fn ratio(name: &str, value: f64) -> Result<f64, ConfigError> {
+    if !value.is_finite() || !(0.0..=1.0).contains(&value) {
+        return err(format!(
+            "{name} must be a fraction between 0 and 1, got {value}"
+        ));
+    }
+    Ok(value)
+}
+
+fn upstream(name: &str, value: &str) -> Result<Upstream, ConfigError> {
+    let bad = |why: &str| {
+        err(format!(
+            "{name} must be an http://host:port URL ({why}), got {value:?}"
+        ))
+    };
+    let Ok(uri) = value.parse::<http::Uri>() else {
+        return bad("it does not parse");
+    };
+    let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+        return bad("it needs a scheme and a host");
+    };
+    if scheme != http::uri::Scheme::HTTP {
+        return bad("only cleartext http is proxied");
+    }
+    if authority.as_str().contains('@') {
+        return bad("no user info");
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return bad("no path");
+    }
+    Ok(Upstream { scheme, authority })
+}
+
+fn tenant_from(value: Option<&str>) -> Result<TenantFrom, ConfigError> {
+    match value {
+        None | Some("") => Ok(TenantFrom::None),
+        Some("path") => Ok(TenantFrom::Path),
+        Some(other) => match other.strip_prefix("header:") {
+            Some(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
+                Ok(header) if !name.is_empty() => Ok(TenantFrom::Header(header)),
+                _ => err(format!(
+                    "tenant_from header name must be an HTTP header name, got {name:?}"
+                )),
+            },
+            None => err(format!(
+                "tenant_from must be header:NAME or path, got {other:?}"
+            )),
+        },
+    }
+}
+
+impl Config {
+    /// Parses `args` (the program name first), reads `--config`, and validates.
+    pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let flags = Flags::try_parse_from(args)?;
+        Self::resolve(flags).map_err(|e| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
+        })
+    }
+
+    /// Merges the flags with the YAML file they name, then the defaults.
+    pub fn resolve(flags: Flags) -> Result<Self, ConfigError> {
+        let file = match &flags.config {
+            None => FileSettings::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
+                if text.trim().is_empty() {
+                    FileSettings::default()
+                } else {
+                    serde_yaml::from_str(&text)
+                        .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?
+                }
+            }
+        };
+        macro_rules! pick {
+            ($field:ident) => {
+                flags.$field.clone().or(file.$field.clone())
+            };
+        }
+        let upstream_text = pick!(upstream).ok_or_else(|| {
+            ConfigError("upstream is required (--upstream http://127.0.0.1:9000)".into())
+        })?;
+        let main = upstream("upstream", &upstream_text)?;
+        let grpc = match pick!(grpc_upstream) {
+            Some(text) => upstream("grpc_upstream", &text)?,
+            None => main.clone(),
+        };
+        let max_in_flight = pick!(max_in_flight).unwrap_or(0);
+        let queue_depth = pick!(queue_depth).unwrap_or(0);
+        let overflow_policy = pick!(overflow_policy).unwrap_or_else(|| "reject".into());
+        let per_tenant = pick!(max_in_flight_per_tenant).unwrap_or(0);
+        // The core validates the numbers and the policy name, with its own messages.
+        if let Err(e) = admitgate_passage::core_api::ConcurrencyLimit::new(
+            max_in_flight,
+            queue_depth,
+            &overflow_policy,
+            per_tenant,
+        ) {
+            let flag = match e.arg() {
+                "max_concurrent_runs" => "max_in_flight",
+                "max_concurrent_runs_per_scope" => "max_in_flight_per_tenant",
+                other => other,
+            };
+            return err(e.to_string().replacen(e.arg(), flag, 1));
+        }
+        let tenant = tenant_from(pick!(tenant_from).as_deref())?;
+        if per_tenant > 0 && tenant == TenantFrom::None {
+            return err("max_in_flight_per_tenant needs tenant_from (header:NAME or path)".into());
+        }
+        let gate_all = match pick!(gate_methods).as_deref() {
+            None | Some("work") => false,
+            Some("all") => true,
+            Some(other) => return err(format!("gate_methods must be work or all, got {other:?}")),
+        };
+        let path_prefix = pick!(path_prefix).unwrap_or_default();
+        if !path_prefix.is_empty() && !path_prefix.starts_with('/') {
+            return err(format!(
+                "path_prefix must be \"\" or start with /, got {path_prefix:?}"
+            ));
+        }
+        let jsonrpc_path = match pick!(jsonrpc_path) {
+            None => Some("/".to_owned()),
+            Some(none) if none == "none" => None,
+            Some(path) if path.starts_with('/') => Some(path),
+            Some(path) => {
+                return err(format!(
+                    "jsonrpc_path must start with / (or be none), got {path:?}"
+                ))
+            }
+        };
+        let max_peek_bytes = pick!(max_peek_bytes).unwrap_or(65536);
+        if !(1..=(1 << 31)).contains(&max_peek_bytes) {
+            return err(format!(
+                "max_peek_bytes must be in 1..2147483648, got {max_peek_bytes}"
+            ));
+        }
+        let fleet_on_error = pick!(fleet_on_error).unwrap_or_else(|| "local".into());
+        if fleet_on_error != "local" && fleet_on_error != "reject" {
+            return err(format!(
+                "fleet_on_error must be local or reject, got {fleet_on_error:?}"
+            ));
+        }
+        let queue_timeout = match pick!(queue_timeout) {
+            Some(v) => Some(seconds("queue_timeout", v, false)?),
+            None => None,
+        };
+        let soft = ratio("memory_soft_ratio", pick!(memory_soft_ratio).unwrap_or(0.0))?;
+        let hard = ratio("memory_hard_ratio", pick!(memory_hard_ratio).unwrap_or(0.0))?;
+        if soft > 0.0 && hard > 0.0 && soft > hard {
+            return err(format!(
+                "memory_soft_ratio ({soft}) must not exceed memory_hard_ratio ({hard})"
+            ));
+        }
+        Ok(Config {
+            listen: pick!(listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
+            upstream: main,
+            grpc_upstream: grpc,
+            max_in_flight,
+            queue_depth,
+            overflow_policy,
+            queue_timeout,
+            max_in_flight_per_tenant: per_tenant,
+            tenant_from: tenant,
+            gate_all,
+            path_prefix,
+            jsonrpc_path,
+            max_peek_bytes,
+            fleet: pick!(fleet),
+            fleet_key: pick!(fleet_key).unwrap_or_else(|| "agent:default".into()),
+            fleet_on_error,
+            fleet_tls_ca_file: pick!(fleet_tls_ca_file),
+            metrics_listen: pick!(metrics_listen),
+            drain_timeout: seconds("drain_timeout", pick!(drain_timeout).unwrap_or(15.0), true)?,
+            first_bytes_timeout: seconds(
+                "first_bytes_timeout",
+                pick!(first_bytes_timeout).unwrap_or(10.0),
+                false,
+            )?,
+            upstream_idle_timeout: seconds(
+                "upstream_idle_timeout",
+                pick!(upstream_idle_timeout).unwrap_or(0.5),
+                true,
+            )?,
+            upstream_max_idle: pick!(upstream_max_idle).unwrap_or(128),
+            memory_soft_ratio: soft,
+            memory_hard_ratio: hard,
+            memory_cgroup: pick!(memory_cgroup).unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_then_yaml_then_defaults() {
+        let dir =
+            std::env::temp_dir().join(format!("admitgate-broker-{}.yaml", std::process::id()));
+        std::fs::write(
+            &dir,
+            "upstream: http://127.0.0.1:9\nmax_in_flight: 7\nqueue_depth: 3\n",
+        )
+        .unwrap();
+        let path = dir.to_str().unwrap();
+        let c = Config::from_args(["b", "--config", path, "--max-in-flight", "4"]).unwrap();
+        assert_eq!((c.max_in_flight, c.queue_depth), (4, 3));
+        assert_eq!(c.drain_timeout, Duration::from_secs(15));
+        std::fs::write(&dir, "upstream: http://127.0.0.1:9\nmax_inflight: 7\n").unwrap();
+        let e = Config::from_args(["b", "--config", path])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_inflight"), "{e}");
+        std::fs::remove_file(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = Config::from_args(["b", "--upstream", "https://x:1"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("upstream") && e.contains("https://x:1"), "{e}");
+        let e = Config::from_args(["b", "--upstream", "http://x:1", "--overflow-policy", "drop"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overflow_policy") && e.contains("drop"), "{e}");
+        let e = Config::from_args([
+            "b",
+            "--upstream",
+            "http://x:1",
+            "--max-in-flight-per-tenant",
+            "2",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("tenant_from"), "{e}");
+    }
+}

@@ -1,0 +1,563 @@
+//! What a JSON-RPC request body asks for: its top-level `method` and `id`, read as Python's
+//! `json.loads` reads them (the A2A SDK parses the body that way), in one pass.
+//!
+//! Two entry points, as the HTTP front door uses them:
+//!
+//! * [`parse_request`] for a body that arrived whole within the peek limit: the whole
+//!   document is validated (a body `json.loads` refuses is not a request, so it is not
+//!   work), and the last of duplicate keys wins, as in a Python dict.
+//! * [`scan_head`] for the start of a body too long to inspect: only the `id` matters (the
+//!   request is gated whatever it says), taken from the top-level members that end inside
+//!   the prefix.
+//!
+//! The grammar is Python's (`json` with `strict=True`): `NaN`, `Infinity` and `-Infinity`
+//! are numbers, lone `\ud800` escapes are allowed, raw control characters inside strings are
+//! not. Nesting is followed with an explicit depth counter (no recursion), so the scan is
+//! linear in the input and uses constant stack whatever the shape: where Python would give
+//! up past its recursion limit (and so would the app behind the broker), this reads on; the
+//! request is then classified by its method, which gates more, never less.
+
+/// A JSON-RPC `id` as the refusal echoes it: a string or an integer (the text of its digits,
+/// any size), else `null` (as `_response_id` in Python: floats, booleans and others are not
+/// echoed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RpcId {
+    /// No usable id: answered as `null`.
+    Null,
+    /// A string id (decoded).
+    Str(String),
+    /// An integer id, as its JSON digits (with a leading `-` when negative).
+    Int(String),
+}
+
+/// The members of a request the front door reads.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Request {
+    /// `method`, when it is a string.
+    pub method: Option<String>,
+    /// `id`, for the refusal.
+    pub id: Option<RpcId>,
+}
+
+/// A value found at the top level that we keep.
+enum Value {
+    Str(String),
+    Int(String),
+    Other,
+}
+
+struct Scanner<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+type Step<T> = Result<T, ()>;
+
+impl<'a> Scanner<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn bump(&mut self) {
+        self.pos = self.pos.saturating_add(1);
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.bump();
+        }
+    }
+
+    fn eat(&mut self, literal: &[u8]) -> bool {
+        let end = self.pos.saturating_add(literal.len());
+        if self.bytes.get(self.pos..end) == Some(literal) {
+            self.pos = end;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn hex4(&mut self) -> Step<u32> {
+        let end = self.pos.saturating_add(4);
+        let digits = self.bytes.get(self.pos..end).ok_or(())?;
+        let mut value = 0u32;
+        for &d in digits {
+            let nibble = char::from(d).to_digit(16).ok_or(())?;
+            value = value.wrapping_mul(16).wrapping_add(nibble);
+        }
+        self.pos = end;
+        Ok(value)
+    }
+
+    /// A string starting at `"`; its decoded text when `keep` (lone surrogates become
+    /// U+FFFD: such a text can equal no key or method name we look for, as in Python).
+    fn string(&mut self, keep: bool) -> Step<String> {
+        if self.peek() != Some(b'"') {
+            return Err(());
+        }
+        self.bump();
+        let mut out = Vec::new();
+        loop {
+            let c = self.peek().ok_or(())?;
+            self.bump();
+            match c {
+                b'"' => break,
+                b'\\' => {
+                    let e = self.peek().ok_or(())?;
+                    self.bump();
+                    let decoded = match e {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let unit = self.hex4()?;
+                            if (0xd800..0xdc00).contains(&unit)
+                                && self.bytes.get(self.pos..self.pos.saturating_add(2))
+                                    == Some(b"\\u")
+                            {
+                                let save = self.pos;
+                                self.pos = self.pos.saturating_add(2);
+                                let low = self.hex4()?;
+                                if (0xdc00..0xe000).contains(&low) {
+                                    let code = 0x10000u32
+                                        .wrapping_add((unit.wrapping_sub(0xd800)) << 10)
+                                        .wrapping_add(low.wrapping_sub(0xdc00));
+                                    char::from_u32(code).unwrap_or('\u{fffd}')
+                                } else {
+                                    self.pos = save;
+                                    '\u{fffd}'
+                                }
+                            } else {
+                                char::from_u32(unit).unwrap_or('\u{fffd}')
+                            }
+                        }
+                        _ => return Err(()),
+                    };
+                    if keep {
+                        let mut buf = [0u8; 4];
+                        out.extend_from_slice(decoded.encode_utf8(&mut buf).as_bytes());
+                    }
+                }
+                // strict=True: control characters must be escaped.
+                0..=0x1f => return Err(()),
+                _ => {
+                    if keep {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+        Ok(if keep {
+            String::from_utf8_lossy(&out).into_owned()
+        } else {
+            String::new()
+        })
+    }
+
+    /// A number (or NaN / Infinity / -Infinity); returns its text when it is an integer.
+    fn number(&mut self) -> Step<Option<String>> {
+        let start = self.pos;
+        if self.eat(b"NaN") || self.eat(b"Infinity") || self.eat(b"-Infinity") {
+            return Ok(None);
+        }
+        if self.peek() == Some(b'-') {
+            self.bump();
+        }
+        match self.peek() {
+            Some(b'0') => self.bump(),
+            Some(b'1'..=b'9') => {
+                while matches!(self.peek(), Some(b'0'..=b'9')) {
+                    self.bump();
+                }
+            }
+            _ => return Err(()),
+        }
+        let mut integer = true;
+        // Python's NUMBER_RE: a fraction or exponent that does not complete is not taken
+        // (the number ends before it, and what follows then fails the grammar).
+        if self.peek() == Some(b'.')
+            && matches!(
+                self.bytes.get(self.pos.saturating_add(1)),
+                Some(b'0'..=b'9')
+            )
+        {
+            integer = false;
+            self.bump();
+            while matches!(self.peek(), Some(b'0'..=b'9')) {
+                self.bump();
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            let save = self.pos;
+            self.bump();
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.bump();
+            }
+            if matches!(self.peek(), Some(b'0'..=b'9')) {
+                integer = false;
+                while matches!(self.peek(), Some(b'0'..=b'9')) {
+                    self.bump();
+                }
+            } else {
+                self.pos = save;
+            }
+        }
+        let text = self.bytes.get(start..self.pos).ok_or(())?;
+        Ok(integer.then(|| String::from_utf8_lossy(text).into_owned()))
+    }
+
+    /// Any value, nesting followed iteratively. `keep`: decode a top-level string.
+    fn value(&mut self, keep: bool) -> Step<Value> {
+        match self.peek().ok_or(())? {
+            b'"' => return self.string(keep).map(Value::Str),
+            b'{' | b'[' => {}
+            b't' if self.eat(b"true") => return Ok(Value::Other),
+            b'f' if self.eat(b"false") => return Ok(Value::Other),
+            b'n' if self.eat(b"null") => return Ok(Value::Other),
+            _ => return self.number().map(|n| n.map_or(Value::Other, Value::Int)),
+        }
+        // A container: a stack of open brackets (true = object), walked without recursion.
+        let mut stack: Vec<bool> = Vec::new();
+        loop {
+            // At the start of a value inside a container, or at an opening bracket.
+            match self.peek().ok_or(())? {
+                b'{' => {
+                    self.bump();
+                    stack.push(true);
+                    self.ws();
+                    if self.peek() == Some(b'}') {
+                        self.bump();
+                        stack.pop();
+                    } else {
+                        self.string(false)?;
+                        self.ws();
+                        if !self.eat(b":") {
+                            return Err(());
+                        }
+                        self.ws();
+                        continue;
+                    }
+                }
+                b'[' => {
+                    self.bump();
+                    stack.push(false);
+                    self.ws();
+                    if self.peek() == Some(b']') {
+                        self.bump();
+                        stack.pop();
+                    } else {
+                        continue;
+                    }
+                }
+                b'"' => {
+                    self.string(false)?;
+                }
+                b't' if self.eat(b"true") => {}
+                b'f' if self.eat(b"false") => {}
+                b'n' if self.eat(b"null") => {}
+                _ => {
+                    self.number()?;
+                }
+            }
+            // After a value: close containers or move to the next member.
+            loop {
+                let Some(&object) = stack.last() else {
+                    return Ok(Value::Other);
+                };
+                self.ws();
+                match self.peek().ok_or(())? {
+                    b',' => {
+                        self.bump();
+                        self.ws();
+                        if object {
+                            self.string(false)?;
+                            self.ws();
+                            if !self.eat(b":") {
+                                return Err(());
+                            }
+                            self.ws();
+                        }
+                        break;
+                    }
+                    b'}' if object => {
+                        self.bump();
+                        stack.pop();
+                    }
+                    b']' if !object => {
+                        self.bump();
+                        stack.pop();
+                    }
+                    _ => return Err(()),
+                }
+            }
+        }
+    }
+}
+
+fn keep_member(found: &mut Request, key: &str, value: Value) {
+    match key {
+        "method" => {
+            found.method = match value {
+                Value::Str(text) => Some(text),
+                _ => None,
+            }
+        }
+        "id" => {
+            found.id = Some(match value {
+                Value::Str(text) => RpcId::Str(text),
+                Value::Int(digits) => RpcId::Int(digits),
+                Value::Other => RpcId::Null,
+            })
+        }
+        _ => {}
+    }
+}
+
+/// Decodes a body as `json.loads(bytes)` does: UTF-8 (a BOM is refused by `json.loads` on
+/// a str, but `detect_encoding` strips it for bytes), UTF-16 or UTF-32 detected from the
+/// first bytes. `None` when it does not decode (invalid JSON to Python too, except UTF-8
+/// holding encoded surrogates, which `surrogatepass` accepts: see [`parse_request`]).
+fn decode(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    use std::borrow::Cow;
+    let b = |i: usize| body.get(i).copied().unwrap_or(1);
+    let units16 = |big: bool, skip: usize| -> Option<Cow<'_, [u8]>> {
+        let data = body.get(skip..)?;
+        if data.len() % 2 != 0 {
+            return None;
+        }
+        let units = data.chunks_exact(2).map(|p| match p {
+            [x, y] if big => u16::from_be_bytes([*x, *y]),
+            [x, y] => u16::from_le_bytes([*x, *y]),
+            _ => 0,
+        });
+        let text: Result<String, _> = char::decode_utf16(units).collect();
+        text.ok().map(|t| Cow::Owned(t.into_bytes()))
+    };
+    let units32 = |big: bool, skip: usize| -> Option<Cow<'_, [u8]>> {
+        let data = body.get(skip..)?;
+        if data.len() % 4 != 0 {
+            return None;
+        }
+        let mut text = String::new();
+        for p in data.chunks_exact(4) {
+            let bytes: [u8; 4] = p.try_into().ok()?;
+            let code = if big {
+                u32::from_be_bytes(bytes)
+            } else {
+                u32::from_le_bytes(bytes)
+            };
+            text.push(char::from_u32(code)?);
+        }
+        Some(Cow::Owned(text.into_bytes()))
+    };
+    // json.detect_encoding, in its order.
+    if body.starts_with(&[0xef, 0xbb, 0xbf]) {
+        return std::str::from_utf8(body.get(3..)?)
+            .ok()
+            .map(|s| Cow::Borrowed(s.as_bytes()));
+    }
+    if body.starts_with(&[0, 0, 0xfe, 0xff]) {
+        return units32(true, 4);
+    }
+    if body.starts_with(&[0xff, 0xfe, 0, 0]) {
+        return units32(false, 4);
+    }
+    if body.starts_with(&[0xfe, 0xff]) {
+        return units16(true, 2);
+    }
+    if body.starts_with(&[0xff, 0xfe]) {
+        return units16(false, 2);
+    }
+    if body.len() >= 4 {
+        if b(0) == 0 {
+            return if b(1) == 0 {
+                units32(true, 0)
+            } else {
+                units16(true, 0)
+            };
+        }
+        if b(1) == 0 {
+            return if b(2) == 0 && b(3) == 0 {
+                units32(false, 0)
+            } else {
+                units16(false, 0)
+            };
+        }
+    } else if body.len() == 2 {
+        if b(0) == 0 {
+            return units16(true, 0);
+        }
+        if b(1) == 0 {
+            return units16(false, 0);
+        }
+    }
+    std::str::from_utf8(body)
+        .ok()
+        .map(|s| Cow::Borrowed(s.as_bytes()))
+}
+
+/// What `json.loads(body)` would make of a whole request: `Some` with its `method` and `id`
+/// when the body is a JSON object, `None` when it is invalid JSON or not an object (so not a
+/// request the app runs: it answers a parse error).
+///
+/// `Err(())` when this cannot tell: UTF-8 holding encoded surrogates, which Python decodes
+/// with `surrogatepass`; the caller gates such a body rather than guess.
+#[allow(clippy::result_unit_err)]
+pub fn parse_request(body: &[u8]) -> Result<Option<Request>, ()> {
+    let Some(text) = decode(body) else {
+        // Undecodable: the same verdict as Python unless the failure is an encoded
+        // surrogate (ED A0..BF xx), which `surrogatepass` takes.
+        if body.windows(2).any(|w| matches!(w, [0xed, 0xa0..=0xbf])) {
+            return Err(());
+        }
+        return Ok(None);
+    };
+    let mut scanner = Scanner {
+        bytes: &text,
+        pos: 0,
+    };
+    scanner.ws();
+    if scanner.peek() != Some(b'{') {
+        // Valid JSON that is not an object is not a request either; either way, no method.
+        return Ok(None);
+    }
+    let found = walk_object(&mut scanner, false);
+    scanner.ws();
+    match found {
+        Some(request) if scanner.pos == scanner.bytes.len() => Ok(Some(request)),
+        _ => Ok(None),
+    }
+}
+
+/// `(method, id)` from the start of a request too long to parse whole (decoded as UTF-8 with
+/// replacement, as `_scan_head`): the top-level members that end inside `head`, stopping at
+/// the first that does not.
+pub fn scan_head(head: &[u8]) -> Request {
+    let text = String::from_utf8_lossy(head);
+    let mut scanner = Scanner {
+        bytes: text.as_bytes(),
+        pos: 0,
+    };
+    scanner.ws();
+    if scanner.peek() != Some(b'{') {
+        return Request::default();
+    }
+    let mut found = Request::default();
+    walk_members(&mut scanner, &mut found, true);
+    found
+}
+
+/// Walks a top-level object from its `{`; `None` if it is not valid to its `}`.
+fn walk_object(scanner: &mut Scanner<'_>, partial: bool) -> Option<Request> {
+    let mut found = Request::default();
+    walk_members(scanner, &mut found, partial).then_some(found)
+}
+
+/// Reads members into `found`; true when the object closed properly. With `partial`, a
+/// member counts only once it is followed by `,` or `}` (a cut `12` may be `12.5`).
+fn walk_members(scanner: &mut Scanner<'_>, found: &mut Request, partial: bool) -> bool {
+    scanner.bump(); // the `{`
+    scanner.ws();
+    if scanner.peek() == Some(b'}') {
+        scanner.bump();
+        return true;
+    }
+    loop {
+        scanner.ws();
+        let Ok(key) = scanner.string(true) else {
+            return false;
+        };
+        scanner.ws();
+        if !scanner.eat(b":") {
+            return false;
+        }
+        scanner.ws();
+        let keep = key == "method" || key == "id";
+        let Ok(value) = scanner.value(keep) else {
+            return false;
+        };
+        scanner.ws();
+        let next = scanner.peek();
+        if !matches!(next, Some(b',' | b'}')) {
+            return false;
+        }
+        if keep || !partial {
+            keep_member(found, &key, value);
+        }
+        scanner.bump();
+        if next == Some(b'}') {
+            return true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(body: &str) -> Option<Request> {
+        parse_request(body.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn python_grammar() {
+        let r = req(r#"{"jsonrpc":"2.0","id":7,"method":"SendMessage","params":{"method":"x"}}"#)
+            .unwrap();
+        assert_eq!(r.method.as_deref(), Some("SendMessage"));
+        assert_eq!(r.id, Some(RpcId::Int("7".into())));
+        let r = req(r#"{"method":"GetTask","method":"SendMessage","params":NaN,"x":-Infinity}"#)
+            .unwrap();
+        assert_eq!(r.method.as_deref(), Some("SendMessage"));
+        assert_eq!(
+            req(r#"{"method":"Send\u004dessage"}"#)
+                .unwrap()
+                .method
+                .as_deref(),
+            Some("SendMessage")
+        );
+        assert_eq!(req(r#"{"id":1.0}"#).unwrap().id, Some(RpcId::Null));
+        assert_eq!(req(r#"{"id":"a"} x"#), None);
+        assert_eq!(req("{\"id\":\"a\tb\"}"), None);
+        assert_eq!(req(r#"[1]"#), None);
+        assert_eq!(
+            req(r#"{"a":[1,{"b":[]}],"id":-3}"#).unwrap().id,
+            Some(RpcId::Int("-3".into()))
+        );
+        assert_eq!(req(r#"{"a":01}"#), None);
+        assert_eq!(req(r#"{"a":1.}"#), None);
+        let utf16: Vec<u8> =
+            r#"{"method":"SendMessage"}"#.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert_eq!(
+            parse_request(&utf16).unwrap().unwrap().method.as_deref(),
+            Some("SendMessage")
+        );
+        assert_eq!(parse_request(b"{\"m\":\"\xed\xa0\x80\"}"), Err(()));
+    }
+
+    #[test]
+    fn head_scan() {
+        let r = scan_head(br#"{"jsonrpc":"2.0","id":"abc","params":{"message":"xxxx"#);
+        assert_eq!(r.id, Some(RpcId::Str("abc".into())));
+        let r = scan_head(br#"{"params":{"id":5},"id":12"#);
+        assert_eq!(r.id, None);
+    }
+
+    #[test]
+    fn adversarial_bodies_are_linear() {
+        let started = std::time::Instant::now();
+        let deep = "[".repeat(1 << 20);
+        let _ = parse_request(format!("{{\"a\":{deep}").as_bytes());
+        let _ = scan_head(format!("{{\"a\":{deep}").as_bytes());
+        let quotes = "\\\"".repeat(1 << 19);
+        let _ = parse_request(format!("{{\"a\":\"{quotes}").as_bytes());
+        let members = "\"a\":1,".repeat(1 << 17);
+        let _ = scan_head(format!("{{{members}").as_bytes());
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+}

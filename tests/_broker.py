@@ -1,0 +1,116 @@
+"""The admitgate broker as the tests run it: the standalone binary (``cargo build -p
+admitgate-broker``, debug) started on loopback ports chosen by the OS.
+
+:class:`BrokerProcess` starts the binary with ``--listen 127.0.0.1:0 --metrics-listen
+127.0.0.1:0``, reads its structured stderr (one JSON object per line) on a thread, learns its
+addresses from the ``listening`` line, and reads ``/metrics`` into a dict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_broker() -> Path:
+    """Builds the broker binary (incremental; a no-op when it is up to date) and returns it."""
+    subprocess.run(
+        ["cargo", "build", "-q", "-p", "admitgate-broker"], cwd=ROOT, check=True, timeout=900
+    )
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    return target / "debug" / "admitgate-broker"
+
+
+class BrokerProcess:
+    """One broker process; ``args`` are its flags beyond the listen addresses."""
+
+    def __init__(self, binary: Path, *args: str, metrics: bool = True) -> None:
+        command = [str(binary), "--listen", "127.0.0.1:0", *args]
+        if metrics:
+            command += ["--metrics-listen", "127.0.0.1:0"]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self.lines: list[dict[str, Any]] = []
+        self.raw: list[str] = []
+        self._listening = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._listening.wait(15):
+            self.kill()
+            raise RuntimeError(f"broker did not start: {self.raw}")
+        listening = next(line for line in self.lines if line.get("event") == "listening")
+        self.address: str = listening["listen"]
+        self.url = f"http://{self.address}"
+        self.metrics_url = (
+            f"http://{listening['metrics_listen']}" if "metrics_listen" in listening else None
+        )
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            self.raw.append(text)
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            self.lines.append(line)
+            if line.get("event") == "listening":
+                self._listening.set()
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The log lines of event ``name``."""
+        return [line for line in self.lines if line.get("event") == name]
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as ``{"name{labels}": value}``."""
+        assert self.metrics_url is not None
+        text = httpx.get(self.metrics_url + "/metrics", timeout=5).text
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+    def gauge(self, name: str) -> float:
+        """One sample of ``/metrics`` (0 when absent)."""
+        return self.metrics().get(name, 0.0)
+
+    def wait_for(self, name: str, value: float, timeout: float = 5.0) -> None:
+        """Polls ``/metrics`` until sample ``name`` equals ``value``."""
+        deadline = time.monotonic() + timeout
+        while self.gauge(name) != value:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} stayed {self.gauge(name)}, expected {value}")
+            time.sleep(0.01)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Sends ``sig`` and waits for the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout)
+        finally:
+            self.kill()
+        self._reader.join(5)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        return code
+
+    def kill(self) -> None:
+        """Ends the process if it still runs."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
