@@ -68,6 +68,12 @@ def _check_config(argv: list[str]) -> int:
     return check_config(argv)
 
 
+def _broker(argv: list[str]) -> int:
+    from .broker import main as broker
+
+    return broker(argv, prog="python -m admitgate broker")
+
+
 #: Each command: what it does (one line, for the list) and the function that runs it.
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "demo": ("a simulated multi-tenant burst through a production-shaped gate", _demo),
@@ -80,6 +86,10 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
         _simulate,
     ),
     "bench": ("run the benchmark harness (from a source checkout)", _bench),
+    "broker": (
+        "gate A2A traffic in front of an agent as a sidecar proxy (admitgate-broker)",
+        _broker,
+    ),
 }
 
 

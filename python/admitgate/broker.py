@@ -57,16 +57,18 @@ def find_binary() -> Path:
     raise FileNotFoundError(_NOT_FOUND)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "admitgate-broker") -> int:
     """Runs the broker with ``argv`` (its flags, as ``admitgate-broker --help`` lists them)
-    until it exits; returns its exit code (0 after a drain, 2 for a bad flag)."""
+    until it exits; returns its exit code (0 after a drain, 2 for a bad flag). ``prog`` is the
+    name its usage and errors give the command (``python -m admitgate broker`` from there)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         binary = find_binary()
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 2
-    child = subprocess.Popen([str(binary), *args])
+    # The broker names itself after its argv[0] in usage and errors.
+    child = subprocess.Popen([prog, *args], executable=str(binary))
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if child.poll() is None:
