@@ -490,6 +490,58 @@ def test_refusal_logs_are_limited_to_one_line_per_second(env: Any) -> None:
     finish(env, (k1, a), (k2, b))
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 response with a Content-Length body, or b"" if the socket closed first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head
+
+
+def test_a_refused_request_whose_body_comes_late_keeps_its_connection_usable(env: Any) -> None:
+    """A REST refusal needs nothing of the body, so it used to be answered before the body
+    arrived; hyper then closed the kept-alive connection without saying so, and the client's
+    next request on it met a closed socket (seen as "Server disconnected without sending a
+    response" from httpx in a burst of refusals). The broker now reads a refused body to its
+    end (a bounded amount, briefly) or answers `Connection: close`."""
+    k1, k2 = key(), key()
+    a, b = hold(env, k1), hold(env, k2)
+    body = json.dumps(send_params("echo no")).encode()
+    host, port = env.broker.url.removeprefix("http://").rsplit(":", 1)
+    head = (
+        f"POST /message:send HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"A2A-Version: 1.0\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for _ in range(3):
+            sock.sendall(head)
+            time.sleep(0.05)  # the body in a later segment than the head
+            sock.sendall(body)
+            response = _read_response(sock)
+            assert response.startswith(b"HTTP/1.1 429"), response[:200]
+            if b"connection: close" in response.lower():
+                break  # told: a client opens a new connection
+        else:
+            # Not told to close: the connection must still serve the next request.
+            sock.sendall(b"GET /custom HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _read_response(sock).startswith(b"HTTP/1.1 200")
+    finish(env, (k1, a), (k2, b))
+
+
 def test_memory_pressure_of_the_agent_container_refuses_work(env: Any, tmp_path: Any) -> None:
     """The container's cgroup v2 files (a directory laid out as /sys/fs/cgroup is): at the
     hard ratio of memory.max new work is refused with 503 memory_pressure; reads pass."""

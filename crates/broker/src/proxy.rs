@@ -20,13 +20,13 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use admitgate_classify::{decode_path, Kind, Rules, Verdict};
 use admitgate_passage::core_api::{RequestLabel, TransportId};
 use admitgate_passage::{Passage, Permit};
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderValue, CONTENT_TYPE, HOST, UPGRADE};
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST, UPGRADE};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -226,8 +226,14 @@ impl Broker {
                             in_flight,
                             limit,
                         );
-                        let response =
+                        let mut response =
                             refusal::respond(&shape, refused.reason, refused.retry_after);
+                        if parts.version < Version::HTTP_2 && !drain(body).await {
+                            // Say so rather than let a client reuse a connection that closes.
+                            response
+                                .headers_mut()
+                                .insert(CONNECTION, HeaderValue::from_static("close"));
+                        }
                         self.passage
                             .transports()
                             .record_request(label, started.elapsed());
@@ -484,6 +490,39 @@ async fn peek(
             },
         }
     }
+}
+
+/// How much of a refused request's body is read and discarded so its connection can be
+/// reused, and for how long.
+const DRAIN_LIMIT: usize = 64 * 1024;
+/// See [`DRAIN_LIMIT`].
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Reads and discards what is left of a refused request's body, at most [`DRAIN_LIMIT`]
+/// bytes for at most [`DRAIN_TIMEOUT`]; true if it was read to its end.
+///
+/// hyper closes an HTTP/1.1 connection whose request body was not read to its end, after the
+/// response and without saying so; a client that sends its next request on that kept-alive
+/// connection then meets a closed socket ("server disconnected without sending a
+/// response"). A body read to its end keeps the connection; one that is longer or slower is
+/// not waited for, and the refusal says `Connection: close` instead.
+async fn drain(mut body: Replayed) -> bool {
+    let read_to_end = async {
+        let mut read = 0usize;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
+            if let Some(data) = frame.data_ref() {
+                read = read.saturating_add(data.len());
+                if read > DRAIN_LIMIT {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    tokio::time::timeout(DRAIN_TIMEOUT, read_to_end)
+        .await
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
