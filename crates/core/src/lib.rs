@@ -17,7 +17,7 @@
 //! # No panics
 //!
 //! The core never panics: no `unwrap`, `expect`, `panic!`, unchecked indexing or overflowing
-//! arithmetic, which the crate root (`src/lib.rs`) denies and CI's `cargo clippy` enforces.
+//! arithmetic, which this crate's root (below) denies and CI's `cargo clippy` enforces.
 //! A case that could only arise from a bug is checked by `debug_assert!` (so tests catch it)
 //! and handled harmlessly in release builds (the `count` module says how for the counters).
 //! Every change to a gate's state happens under its one lock with no call out: wakers run,
@@ -28,6 +28,22 @@
 //! out of scope: it aborts the process rather than unwinding. (A collection's capacity
 //! overflow does panic, but only past `isize::MAX` bytes, which allocation failure reaches
 //! first.)
+
+// Denied outside tests only: tests unwrap and index to state what they expect, and a test
+// that panics is a test that fails.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
 
 pub(crate) mod count;
 pub mod gate;
