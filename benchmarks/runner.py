@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .adaptive import bench_adaptive, bench_adaptive_cost
 from .asgi_parsers import bench_asgi_parsers
 from .contended import bench_contended
 from .harness import CheckFailed, Result, perf, print_result
@@ -35,6 +36,8 @@ WORKLOADS: dict[str, Workload] = {
     "memory": bench_memory,
     "memory-aware": bench_memory_aware,
     "threads": bench_threads,
+    "adaptive": bench_adaptive,
+    "adaptive-cost": bench_adaptive_cost,
     "asgi-parsers": bench_asgi_parsers,
 }
 
@@ -55,6 +58,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory_modes": ("rss", "tracemalloc"),
         "threads": (4, 50, 400),
         "threads_reps": 5,
+        "adaptive_phase_s": 20.0,
         "scan_bytes": 65536,
         "scan_before_reps": 3,
         "classify_calls": 20_000,
@@ -73,6 +77,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "memory_modes": ("rss",),
         "threads": (4, 10, 10),
         "threads_reps": 1,
+        "adaptive_phase_s": 2.0,
         "scan_bytes": 4096,
         "scan_before_reps": 1,
         "classify_calls": 200,

@@ -28,7 +28,7 @@ def test_help_lists_every_command_and_exits_0():
     assert done.stdout.startswith("usage: python -m admitgate ")
     for command, (summary, _) in COMMANDS.items():
         assert f"  {command}" in done.stdout and summary in done.stdout
-    assert set(COMMANDS) == {"demo", "check-config", "bench", "broker"}
+    assert set(COMMANDS) == {"demo", "check-config", "simulate", "bench", "broker"}
 
 
 def test_a_bare_call_prints_the_help_and_runs_nothing(capsys):

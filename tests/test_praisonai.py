@@ -198,7 +198,8 @@ def test_botos_builds_an_admitgate_gate_with_the_reference_stats(config):
     assert isinstance(bot._admission_gate, admitgate.AdmissionGate)
     assert bot._admission_gate.enabled is expected_gate.enabled is True
     stats = bot.admission_stats
-    assert set(stats) - set(expected) == {"cancelled"} and stats["cancelled"] == 0
+    assert set(stats) - set(expected) == {"cancelled", "limit"} and stats["cancelled"] == 0
+    assert stats["limit"] == stats["max_concurrent_runs"]
     for key, value in expected.items():
         assert stats[key] == value and type(stats[key]) is type(value), key
 

@@ -20,6 +20,7 @@ from . import _admitgate
 from ._admitgate import (
     DURATION_BUCKETS,
     MAX_TRANSPORTS,
+    AdaptiveLimit,
     AdmissionGate,
     ConcurrencyLimitPolicy,
     FleetLease,
@@ -39,6 +40,7 @@ __all__ = [
     "DURATION_BUCKETS",
     "MAX_TRANSPORTS",
     "REJECTION_REASONS",
+    "AdaptiveLimit",
     "AdmissionDecision",
     "AdmissionGate",
     "AdmissionRejected",

@@ -56,6 +56,12 @@ def _bench(argv: list[str]) -> int:
     return int(harness.main(argv, prog="python -m admitgate bench"))
 
 
+def _simulate(argv: list[str]) -> int:
+    from ._simulate import main as simulate
+
+    return simulate(argv)
+
+
 def _check_config(argv: list[str]) -> int:
     from .config import main as check_config
 
@@ -74,6 +80,10 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "check-config": (
         "show the admission settings praisonai-bot would apply from a gateway YAML, and warnings",
         _check_config,
+    ),
+    "simulate": (
+        "your gate settings against a described LLM provider, beside the adaptive gate",
+        _simulate,
     ),
     "bench": ("run the benchmark harness (from a source checkout)", _bench),
     "broker": (

@@ -29,7 +29,11 @@ __all__ = [
     "_reset_fleet_after_fork",
     "_resolve_waiter",
     "_set_rejection_class",
+    "_simulate",
+    "_standard_scenarios",
+    "AdaptiveLimit",
     "Admission",
+    "Entered",
     "HumanWait",
     "HumanWaitFactory",
     "LoopMailbox",
@@ -169,6 +173,11 @@ class AdmissionGate:
     gate. ``resource_policy`` is a ``MemoryPressurePolicy`` or any object with
     ``evaluate(sample)``; ``resource_sampler`` any object with ``read()`` (default: the
     built-in :class:`RssSampler`). Thread-safe: one gate may serve several event loops.
+
+    ``adaptive`` (an :class:`AdaptiveLimit`) moves the effective ceiling between its
+    ``min_limit`` and ``max_concurrent_runs`` from provider throttles and latency;
+    ``queue_discipline="adaptive"`` serves a standing queue newest first with waits capped
+    at the measured service time (``"fifo"``: today's order). Both need a ceiling.
     """
 
     def __new__(
@@ -178,7 +187,19 @@ class AdmissionGate:
         resource_policy: Any | None = None,
         resource_sampler: Any | None = None,
         fleet: FleetLimit | None = None,
+        adaptive: AdaptiveLimit | None = None,
+        queue_discipline: str | None = None,
     ) -> AdmissionGate: ...
+    @property
+    def adaptive(self) -> AdaptiveLimit | None:
+        """The adaptive ceiling's settings (``adaptive=``), or ``None``."""
+    @property
+    def queue_discipline(self) -> str:
+        """``"fifo"`` or ``"adaptive"``."""
+    @property
+    def limit(self) -> int:
+        """The effective ceiling now: ``max_concurrent_runs``, or below it what ``adaptive=``
+        has learned (0: no ceiling)."""
     @property
     def fleet(self) -> FleetLimit | None:
         """The fleet-wide limit: a turn runs once it has its local slot and a lease."""
@@ -188,9 +209,17 @@ class AdmissionGate:
         session_id: object = "",
         transport: str = "direct",
         on_queued: Callable[[int, float | None], object] | None = None,
+        deadline_s: float | None = None,
     ) -> Admission:
         """One turn's passage: ``async with gate.admit(session_id=user):``. Raises
         ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting.
+
+        ``deadline_s`` is how many seconds the caller will wait for the whole turn: a turn
+        that would wait is refused at once (reason ``deadline``) when less is left than the
+        gate's expected service time, and while it waits once that becomes true; a turn that
+        runs at once always runs. On a gate with ``adaptive=`` or ``queue_discipline=`` (or
+        once any of its turns passed ``deadline_s``: the gate then times its turns),
+        ``async with ... as turn`` gives this admission (to call :meth:`Admission.report_throttled`).
 
         ``session_id`` is the tenant key (a str as is, ``None`` as ``""``, anything else by
         its ``str()``, as the reference accepts). ``transport`` names the front door the turn
@@ -206,6 +235,7 @@ class AdmissionGate:
         transport: str = "direct",
         timeout: float | None = None,
         on_queued: Callable[[int, float | None], object] | None = None,
+        deadline_s: float | None = None,
     ) -> Admission:
         """One turn from a worker thread: ``with gate.admit_sync(session_id=user):``. Shares
         the slots, queues and FIFO order of async turns; waits without holding the GIL, at
@@ -308,7 +338,8 @@ class AdmissionGate:
     def stats(self) -> dict[str, int | float]:
         """A snapshot: ``max_concurrent_runs``, ``max_concurrent_runs_per_scope``,
         ``queue_depth``, ``in_flight``, ``queued``, ``awaiting_human``, ``admitted``,
-        ``rejected``, ``shed``, ``max_rss_mb`` (float) and ``cancelled``; with a fleet limit
+        ``rejected``, ``shed``, ``max_rss_mb`` (float), ``cancelled`` and ``limit`` (the
+        effective ceiling now, see :attr:`limit`); with a fleet limit
         also ``fleet_in_flight``, ``fleet_max_in_flight``, ``fleet_backend_up`` (1/0),
         ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``."""
     @property
@@ -339,16 +370,64 @@ class Admission:
         """While the turn waits: seconds until it may start at the recent release rate
         (the estimator behind ``AdmissionRejected.retry_after``, unclamped); ``None``
         otherwise or until some turn of the gate has ended."""
-    def __aenter__(self) -> Ready | Wait | LeaseWait: ...
+    def report_throttled(self, retry_after_s: float | None = None) -> None:
+        """Reports that the provider throttled this turn's call (429), with its
+        ``Retry-After`` in seconds if sent. With ``adaptive=`` the ceiling moves when the
+        turn ends (an exception of ``AdaptiveLimit.throttle_on`` leaving the block reports
+        the same); elsewhere it is ignored."""
+    def report_remaining(self, requests: int) -> None:
+        """Reports the provider's ``x-ratelimit-remaining-requests``: at 0 the adaptive
+        ceiling does not grow."""
+    def __aenter__(self) -> Ready | Entered | Wait | LeaseWait: ...
     def __enter__(self) -> Admission: ...
     def __exit__(
         self,
-        *_exc: type[BaseException] | BaseException | TracebackType | None,
+        *exc: type[BaseException] | BaseException | TracebackType | None,
     ) -> bool: ...
     def __aexit__(
         self,
-        *_exc: type[BaseException] | BaseException | TracebackType | None,
+        *exc: type[BaseException] | BaseException | TracebackType | None,
     ) -> Ready: ...
+
+@final
+class Entered:
+    """An already finished awaitable whose result is the admission (a turn of a gate with
+    overload control that runs at once)."""
+
+    def __await__(self) -> Generator[Any, Any, Admission]: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> None: ...
+    def close(self) -> None: ...
+
+@final
+class AdaptiveLimit:
+    """Learn the provider's real ceiling below ``max_concurrent_runs``.
+
+    A 429 from the provider is read as a measurement: the refused call started while
+    ``in_flight - 1`` others ran, so the ceiling is set there at once. Until the first 429
+    the ceiling doubles each round trip in which it was reached; after it, it probes one
+    higher every 16 to 64 calls, doubling the step while probes succeed. Latency above
+    twice its long-run mean takes a tenth off. ``throttle_on``: exception types that report
+    a throttle when they leave a turn's block (``turn.report_throttled()`` does the same).
+    """
+
+    def __new__(
+        cls,
+        *,
+        min_limit: int | None = None,
+        initial_limit: int | None = None,
+        throttle_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    ) -> AdaptiveLimit: ...
+    @property
+    def min_limit(self) -> int:
+        """The lowest ceiling it sets (default 1)."""
+    @property
+    def initial_limit(self) -> int | None:
+        """The ceiling before anything is learned (``None``: 4, or the maximum if lower)."""
+    @property
+    def throttle_on(self) -> tuple[type[BaseException], ...]:
+        """The exception types that report a provider throttle."""
 
 @final
 class Ready:
@@ -542,3 +621,8 @@ def _quiesce_at_exit() -> None: ...
 def _resolve_waiter(fut: Any) -> None: ...
 def _panic_inside_gate(gate: AdmissionGate) -> None: ...
 def _panic_in_next_wakes(count: int) -> None: ...
+def _simulate(scenario: dict[str, Any], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs each candidate gate in the scenario in the overload simulator (virtual time)."""
+
+def _standard_scenarios(phase_s: float, seed: int) -> list[dict[str, Any]]:
+    """Issue 17's scenarios, as the dicts :func:`_simulate` takes."""

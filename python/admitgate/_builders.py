@@ -34,6 +34,8 @@ def build_admission_gate(
     max_concurrent_runs_per_scope: Any = 0,
     queue_timeout_s: Any = None,
     fleet: Any = None,
+    adaptive: Any = None,
+    queue_discipline: Any = "fifo",
 ) -> AdmissionGate | None:
     """Build an :class:`AdmissionGate` from configuration, or return ``None``.
 
@@ -44,7 +46,11 @@ def build_admission_gate(
     ``queue_timeout_s`` (seconds, or ``None``) refuses a turn that has waited that long
     with reason ``timeout``. ``fleet`` (an :class:`admitgate.FleetLimit`) adds a cap shared
     by every replica: a turn runs once it has a local slot and a fleet lease; with a fleet
-    the gate is built even without a local ceiling.
+    the gate is built even without a local ceiling. ``adaptive`` (an
+    :class:`admitgate.AdaptiveLimit`) learns the provider's real ceiling below
+    ``max_concurrent_runs``; ``queue_discipline="adaptive"`` serves a standing queue newest
+    first with waits capped at the measured service time (``"fifo"``, the default, is
+    today's order).
     """
     if policy is None:
         candidate = ConcurrencyLimitPolicy(
@@ -56,9 +62,15 @@ def build_admission_gate(
             ),
             queue_timeout_s=queue_timeout_s,
         )
-        if candidate.max_concurrent_runs == 0 and fleet is None:
+        if candidate.max_concurrent_runs == 0 and fleet is None and adaptive is None:
             if resource_policy is not None:
                 return AdmissionGate(None, resource_policy=resource_policy)
             return None
         policy = candidate
-    return AdmissionGate(policy, resource_policy=resource_policy, fleet=fleet)
+    return AdmissionGate(
+        policy,
+        resource_policy=resource_policy,
+        fleet=fleet,
+        adaptive=adaptive,
+        queue_discipline=queue_discipline,
+    )

@@ -6,8 +6,9 @@ DEFAULT_BUSY_MESSAGE = "Busy right now \u2014 please resend in a moment."
 
 #: Every reason a turn can be refused for, with the HTTP status and gRPC status code name a
 #: front door answers it with. ``queue_full``, ``policy``, ``memory_pressure``, ``closing``,
-#: ``timeout`` and ``fleet_unavailable`` count in the gate's ``rejected``; ``shed`` counts in
-#: ``shed``.
+#: ``timeout``, ``fleet_unavailable`` and ``deadline`` count in the gate's ``rejected``;
+#: ``shed`` counts in ``shed``. ``deadline`` answers 504 / DEADLINE_EXCEEDED: the caller's own
+#: deadline (``admit(deadline_s=...)``) cannot be met, which is not a reason to retry sooner.
 REJECTION_REASONS: dict[str, tuple[int, str]] = {
     "queue_full": (429, "RESOURCE_EXHAUSTED"),
     "shed": (429, "RESOURCE_EXHAUSTED"),
@@ -16,6 +17,7 @@ REJECTION_REASONS: dict[str, tuple[int, str]] = {
     "closing": (503, "UNAVAILABLE"),
     "timeout": (429, "RESOURCE_EXHAUSTED"),
     "fleet_unavailable": (503, "UNAVAILABLE"),
+    "deadline": (504, "DEADLINE_EXCEEDED"),
 }
 
 
@@ -35,13 +37,17 @@ class AdmissionRejected(Exception):
     ``closing``           ``rejected`` 503    UNAVAILABLE
     ``timeout``           ``rejected`` 429    RESOURCE_EXHAUSTED
     ``fleet_unavailable`` ``rejected`` 503    UNAVAILABLE
+    ``deadline``          ``rejected`` 504    DEADLINE_EXCEEDED
     ===================== ============ ====== ==================
 
     ``queue_full``: the queue the turn would join was full; ``shed``: evicted from the queue
     by a newer turn under ``shed_oldest``; ``policy``: a custom policy said reject;
     ``memory_pressure``: RSS at or above the hard threshold; ``closing``: the gate is
-    draining; ``timeout``: the turn waited longer than the queue timeout;
-    ``fleet_unavailable``: the fleet limit's backend is down and the gate is set to refuse.
+    draining; ``timeout``: the turn waited longer than the queue timeout (or, under
+    ``queue_discipline="adaptive"``, longer than a standing queue's cap);
+    ``fleet_unavailable``: the fleet limit's backend is down and the gate is set to refuse;
+    ``deadline``: the caller's deadline (``admit(deadline_s=...)``) passed while it waited,
+    or less of it was left than a turn typically takes, so it would not have finished.
 
     ``retry_after`` is the gate's hint, in seconds, of when trying again may succeed: for
     capacity reasons ``(turns ahead + 1) / recent release rate`` clamped to 1..30 s (the rate

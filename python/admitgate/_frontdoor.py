@@ -135,6 +135,22 @@ def refusal(exc: AdmissionRejected, retry_after: float | None) -> Refusal:
     return Refusal(reason, http_status, grpc_status, hint)
 
 
+DEADLINE_HEADER: Final = b"x-envoy-expected-rq-timeout-ms"
+"""The HTTP request header a front door reads the caller's deadline from: Envoy's, in whole
+milliseconds (Envoy sets it on the requests it forwards; any client may send it). A value
+that is not 1 to 10 ASCII digits is ignored."""
+
+
+def header_deadline_s(headers: list[tuple[bytes, bytes]]) -> float | None:
+    """The seconds left for a request, from :data:`DEADLINE_HEADER` in ASGI ``headers``."""
+    for name, value in headers:
+        if name == DEADLINE_HEADER:
+            if 0 < len(value) <= 10 and value.isdigit():  # bytes.isdigit is ASCII only
+                return int(value) / 1000.0
+            return None
+    return None
+
+
 def whole_seconds(hint: float) -> int:
     """A retry hint as ``Retry-After`` sends it: whole seconds, rounded up, never negative."""
     return max(0, math.ceil(hint))

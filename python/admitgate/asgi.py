@@ -90,7 +90,7 @@ from time import perf_counter
 from typing import Any, Final
 
 from ._a2a_routes import JSONRPC, PASS, READ, WORK, sdk_routes
-from ._admitgate import Ready
+from ._admitgate import Entered, Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
     A2A_WORK_METHODS,
@@ -102,6 +102,7 @@ from ._frontdoor import (
     REASON_KEY,
     RequestSlot,
     checked_session,
+    header_deadline_s,
     refusal,
     whole_seconds,
 )
@@ -576,10 +577,14 @@ class AdmissionMiddleware:
             session = (
                 "" if self.session_id is None else checked_session(self.session_id(scope), "scope")
             )
-            admission = self.gate.admit(session_id=session, transport=transport)
+            admission = self.gate.admit(
+                session_id=session,
+                transport=transport,
+                deadline_s=header_deadline_s(scope["headers"]),
+            )
             try:
                 entry = admission.__aenter__()
-                if type(entry) is Ready:
+                if type(entry) is Ready or type(entry) is Entered:
                     await entry
                     waited = False
                 elif await _wait_unless_gone(entry, receive, held, self.max_peek_bytes):

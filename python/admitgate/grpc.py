@@ -306,7 +306,10 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if self._session_id is not None:
             details = _CallDetails(method, context.invocation_metadata() or ())
             session = checked_session(self._session_id(details), "handler_call_details")
-        admission = self._gate.admit(session_id=session, transport=TRANSPORT)
+        # The call's gRPC deadline is the caller's: a turn that cannot finish in it is refused.
+        admission = self._gate.admit(
+            session_id=session, transport=TRANSPORT, deadline_s=context.time_remaining()
+        )
         try:
             await admission.__aenter__()
         except AdmissionRejected as exc:

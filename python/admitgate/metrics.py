@@ -182,7 +182,7 @@ class _Families:
         self.limit = GaugeMetricFamily(
             f"{p}_limit",
             "The in-flight cap that bounds the agent: the fleet cap when one is set, the "
-            "local ceiling otherwise (0: none).",
+            "local ceiling otherwise (with adaptive=, the ceiling learned below it; 0: none).",
             labels=list(base),
         )
         self.saturated = GaugeMetricFamily(
@@ -239,7 +239,7 @@ class _Families:
         self.queued.add_metric(base, stats["queued"])
         self.queue_wait.add_metric(base, _buckets(waits["buckets"]), waits["sum"])
         fleet_cap = stats.get("fleet_max_in_flight") or 0
-        self.limit.add_metric(base, fleet_cap or gate.max_concurrent_runs)
+        self.limit.add_metric(base, fleet_cap or stats["limit"])
         # gate.saturated already compares with the fleet cap once one is configured.
         self.saturated.add_metric(base, 1.0 if gate.saturated else 0.0)
         for key, family in self.fleet.items():

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::adaptive::Entered;
 use super::args;
 use super::awaitables::{ready, Wait};
 use super::blocking::BlockingWait;
@@ -31,6 +32,8 @@ use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection;
 use super::runtime::{deadline_after, log, now, running_loop};
+use admitgate_core::gate::TurnEnd;
+use admitgate_core::overload::Outcome;
 use admitgate_core::passthrough::PassTicket;
 use admitgate_core::transport::TransportId;
 use admitgate_core::{Arrival, Rejection, TurnSlot, WaiterKey};
@@ -75,6 +78,8 @@ enum AdmissionState {
     },
     Entered {
         slot: SlotRef,
+        /// When it started and how many turns ran then, for a gate that times turns.
+        started: Option<(Duration, u64)>,
         token: Option<Py<PyAny>>,
         /// The gate's epoch when the turn entered (see [`super::wake::Core::epoch`]).
         epoch: u64,
@@ -97,6 +102,19 @@ pub struct Admission {
     state: Mutex<AdmissionState>,
     /// Whether the turn had to wait in the queue (set once it is admitted after waiting).
     pub waited: AtomicBool,
+    /// `deadline_s`, as a deadline on the binding's clock.
+    deadline_at: Option<Duration>,
+    /// What `report_throttled` / `report_remaining` told about the provider call.
+    report: Mutex<ProviderReport>,
+}
+
+/// What a turn reported about its provider call.
+#[derive(Clone, Copy, Debug, Default)]
+struct ProviderReport {
+    /// `Some(retry_after)`: the provider throttled the call.
+    throttled: Option<Option<Duration>>,
+    /// `x-ratelimit-remaining-requests`.
+    remaining: Option<u64>,
 }
 
 /// What `gate.admit()` / `gate.admit_sync()` were asked for.
@@ -105,14 +123,16 @@ pub struct AdmitArgs {
     pub transport: TransportId,
     pub on_queued: Option<Py<PyAny>>,
     pub timeout: Option<Duration>,
+    /// `deadline_s`, as a deadline on the binding's clock.
+    pub deadline: Option<Duration>,
 }
 
 /// How an arrival turned out, for the async and the blocking entry alike.
 enum Arrived {
     /// Runs now (or the gate is disabled).
     Running,
-    /// Waits under `key`, until `deadline` at the latest.
-    Queued(WaiterKey, Option<Duration>),
+    /// Waits under `key`, until `deadline` at the latest (refused then for the reason).
+    Queued(WaiterKey, Option<Duration>, Rejection),
 }
 
 impl Admission {
@@ -126,6 +146,8 @@ impl Admission {
             timeout: args.timeout,
             state: Mutex::new(AdmissionState::Fresh),
             waited: AtomicBool::new(false),
+            deadline_at: args.deadline,
+            report: Mutex::new(ProviderReport::default()),
         }
     }
 
@@ -174,6 +196,12 @@ impl Admission {
         let this = admission.get();
         let core = &this.gate.get().core;
         let epoch = core.epoch();
+        let started = core.times_turns().then(|| {
+            let at = now();
+            let (in_flight, wakes) = core.turn_started(at);
+            wakes.run();
+            (at, in_flight)
+        });
         let (slot, token) = match human_wait_scope(py) {
             Some(var) => {
                 let slot = Arc::new(TurnSlot::new(scope));
@@ -200,6 +228,7 @@ impl Admission {
         };
         *this.state.lock() = AdmissionState::Entered {
             slot,
+            started,
             token,
             epoch,
             lease,
@@ -334,7 +363,9 @@ impl Admission {
             gate.core.note_pressure(resource).run();
         }
         let decided = gate.foreign_decision(py, session_id.as_any(), scope);
-        let (arrival, wakes) = gate.core.arrive(scope, decided, resource, now);
+        let (arrival, wakes) = gate
+            .core
+            .arrive_by(scope, decided, resource, this.deadline_at, now);
         wakes.run();
         if !matches!(arrival, Arrival::Admitted(_)) {
             gate.core.sweep_closed_loops(py);
@@ -375,7 +406,16 @@ impl Admission {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                Ok(Arrived::Queued(key, timeout.and_then(deadline_after)))
+                let timed_out = timeout.and_then(deadline_after);
+                // The caller's deadline: refused once less of it is left than a turn takes.
+                let too_late = this.deadline_at.map(|d| gate.core.deadline_timer(d));
+                Ok(match (timed_out, too_late) {
+                    (Some(t), Some(d)) if d < t => {
+                        Arrived::Queued(key, Some(d), Rejection::Deadline)
+                    }
+                    (None, Some(d)) => Arrived::Queued(key, Some(d), Rejection::Deadline),
+                    (t, _) => Arrived::Queued(key, t, Rejection::Timeout),
+                })
             }
         }
     }
@@ -406,6 +446,10 @@ impl Admission {
         let fleet = this.gate.get().fleet();
         match Self::arrive(slf)? {
             Arrived::Running => match fleet {
+                // An adaptive gate's turn is handed to `as turn`, to report throttles.
+                None if this.gate.get().core.times_turns() => {
+                    Ok(Py::new(py, Entered::new(slf.clone().unbind()))?.into_any())
+                }
                 None => ready(py),
                 Some(fleet) => {
                     let wait = LeaseWait::new(
@@ -420,14 +464,14 @@ impl Admission {
                     Ok(Py::new(py, wait)?.into_any())
                 }
             },
-            Arrived::Queued(key, deadline) => {
+            Arrived::Queued(key, deadline, reason) => {
                 let core = this.gate.get().core.clone();
                 let wait = Wait::new(
                     slf.clone().unbind(),
                     core,
                     key,
                     this.transport,
-                    deadline,
+                    deadline.map(|at| (at, reason)),
                     fleet.is_some(),
                 );
                 // If the awaitable cannot be made, or on_queued raises, dropping the wait
@@ -465,7 +509,7 @@ impl Admission {
         let fleet = this.gate.get().fleet();
         let deadline = match Self::arrive(slf)? {
             Arrived::Running => this.deadline(),
-            Arrived::Queued(key, deadline) => {
+            Arrived::Queued(key, deadline, reason) => {
                 let core = this.gate.get().core.clone();
                 let mut wait = BlockingWait::new(
                     core,
@@ -479,7 +523,7 @@ impl Admission {
                     this.abandon();
                     return Err(err);
                 }
-                match wait.wait(py, deadline) {
+                match wait.wait(py, deadline, reason) {
                     Ok(scope) => {
                         this.waited.store(true, Ordering::Relaxed);
                         Self::enter(slf, scope)?;
@@ -531,12 +575,29 @@ impl Admission {
         }
     }
 
-    fn leave(&self, py: Python<'_>) {
+    /// How the turn's provider call went, for the adaptive ceiling: what it reported, else
+    /// a `throttle_on` exception leaving the block, else served if it ended cleanly.
+    fn outcome(&self, py: Python<'_>, exc: Option<&Bound<'_, PyAny>>) -> (Outcome, Option<u64>) {
+        let report = *self.report.lock();
+        let outcome = match (report.throttled, exc) {
+            (Some(retry_after), _) => Outcome::Throttled { retry_after },
+            (None, Some(exc)) if self.gate.get().is_throttle(py, exc) => {
+                Outcome::Throttled { retry_after: None }
+            }
+            // An unrelated error says nothing of the provider's capacity.
+            (None, Some(_)) => Outcome::Ignored,
+            (None, None) => Outcome::Success,
+        };
+        (outcome, report.remaining)
+    }
+
+    fn leave(&self, py: Python<'_>, exc: Option<&Bound<'_, PyAny>>) {
         let previous = std::mem::replace(&mut *self.state.lock(), AdmissionState::Done);
         let gate = self.gate.get();
         match previous {
             AdmissionState::Entered {
                 slot,
+                started,
                 token,
                 epoch,
                 lease,
@@ -551,7 +612,22 @@ impl Admission {
                 }
                 if epoch == gate.core.epoch() {
                     gate.core.transports.finished(self.transport);
-                    slot.close(&gate.core, gate.release_pressure(py)).run();
+                    let pressure = gate.release_pressure(py);
+                    let wakes = match started {
+                        Some((started_at, in_flight)) => {
+                            let (outcome, remaining) = self.outcome(py, exc);
+                            let end = TurnEnd {
+                                started_at,
+                                ended_at: now(),
+                                in_flight,
+                                outcome,
+                                remaining,
+                            };
+                            slot.finish(&gate.core, pressure, end)
+                        }
+                        None => slot.close(&gate.core, pressure),
+                    };
+                    wakes.run();
                     gate.core.after_release(py);
                 }
             }
@@ -616,18 +692,45 @@ impl Admission {
         })
     }
 
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+    /// Reports that the provider throttled this turn's call (HTTP 429, gRPC
+    /// RESOURCE_EXHAUSTED), with its `Retry-After` in seconds if it sent one. On a gate with
+    /// `adaptive=`, the ceiling moves when the turn ends; elsewhere it is ignored.
+    #[pyo3(signature = (retry_after_s=None))]
+    fn report_throttled(&self, retry_after_s: Option<Bound<'_, PyAny>>) -> PyResult<()> {
         guard(|| {
-            self.leave(py);
+            let retry_after = match &retry_after_s {
+                Some(v) => args::timeout("retry_after_s", v)?,
+                None => None,
+            };
+            self.report.lock().throttled = Some(retry_after);
+            Ok(())
+        })
+    }
+
+    /// Reports the provider's `x-ratelimit-remaining-requests` for this turn's call: at 0
+    /// the adaptive ceiling does not grow.
+    fn report_remaining(&self, requests: Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let remaining = args::fact("requests", &requests)?;
+            self.report.lock().remaining = Some(remaining);
+            Ok(())
+        })
+    }
+
+    #[pyo3(signature = (*exc))]
+    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        guard(|| {
+            let value = exc.get_item(1).ok().filter(|v| !v.is_none());
+            self.leave(py, value.as_ref());
             Ok(false)
         })
     }
 
-    #[pyo3(signature = (*_exc))]
-    fn __aexit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
+    #[pyo3(signature = (*exc))]
+    fn __aexit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
         guard(|| {
-            self.leave(py);
+            let value = exc.get_item(1).ok().filter(|v| !v.is_none());
+            self.leave(py, value.as_ref());
             ready(py)
         })
     }

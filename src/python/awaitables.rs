@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
@@ -25,7 +25,7 @@ use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
 use admitgate_core::transport::TransportId;
-use admitgate_core::{Claim, Registered, WaiterKey};
+use admitgate_core::{Claim, Registered, Rejection, WaiterKey};
 
 /// An awaitable that is already finished: what `__aenter__`/`__aexit__` return on the fast
 /// path. Stateless, so one instance serves every caller.
@@ -125,8 +125,9 @@ pub struct Wait {
     core: Arc<Core>,
     key: WaiterKey,
     transport: TransportId,
-    /// When the queue timeout refuses the turn, on [`now`]'s clock.
-    deadline: Option<Duration>,
+    /// When the queue timeout (or the caller's deadline) refuses the turn, on [`now`]'s
+    /// clock, and with which reason.
+    deadline: Option<(Duration, Rejection)>,
     /// A fleet lease follows the slot (`LeaseWait` drives this wait): the turn stays queued
     /// for its transport until the lease settles it.
     lease_follows: bool,
@@ -142,13 +143,14 @@ pub struct Wait {
 pub struct QueueTimer {
     core: Arc<Core>,
     key: WaiterKey,
+    reason: Rejection,
 }
 
 #[pymethods]
 impl QueueTimer {
     fn __call__(&self) -> PyResult<()> {
         guard(|| {
-            let (_, wakes) = self.core.expire(self.key);
+            let (_, wakes) = self.core.expire_for(self.key, self.reason);
             wakes.run();
             Ok(())
         })
@@ -156,14 +158,14 @@ impl QueueTimer {
 }
 
 impl Wait {
-    /// The awaitable of a turn the gate queued under `key`, refused at `deadline` if still
-    /// waiting then.
+    /// The awaitable of a turn the gate queued under `key`, refused at `deadline` (for its
+    /// reason: `timeout`, or `deadline`) if still waiting then.
     pub fn new(
         admission: Py<Admission>,
         core: Arc<Core>,
         key: WaiterKey,
         transport: TransportId,
-        deadline: Option<Duration>,
+        deadline: Option<(Duration, Rejection)>,
         lease_follows: bool,
     ) -> Self {
         Self {
@@ -229,6 +231,10 @@ impl Wait {
                     let admission = self.admission.bind(py);
                     admission.get().waited.store(parked, Ordering::Relaxed);
                     Admission::enter(admission, scope)?;
+                    if self.core.times_turns() && !self.lease_follows {
+                        // An adaptive gate's turn is handed to `as turn`.
+                        return Err(PyStopIteration::new_err((admission.clone().unbind(),)));
+                    }
                     return Ok(None);
                 }
                 Claim::Refused(reason, retry_after) => {
@@ -261,13 +267,14 @@ impl Wait {
         };
         let fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
         let timer = match self.deadline {
-            Some(deadline) => {
+            Some((deadline, reason)) => {
                 let delay = deadline.saturating_sub(now()).as_secs_f64();
                 let expire = Py::new(
                     py,
                     QueueTimer {
                         core: self.core.clone(),
                         key: self.key,
+                        reason,
                     },
                 )?;
                 Some(

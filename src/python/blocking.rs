@@ -20,7 +20,7 @@ use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{Core, PyWaker, ThreadSignal};
 use admitgate_core::transport::TransportId;
-use admitgate_core::{Claim, WaiterKey};
+use admitgate_core::{Claim, Rejection, WaiterKey};
 
 /// How long one wait lasts before the thread looks at signals again.
 const SLICE: Duration = Duration::from_millis(100);
@@ -75,6 +75,7 @@ impl BlockingWait {
         &mut self,
         py: Python<'_>,
         deadline: Option<Duration>,
+        reason: Rejection,
     ) -> PyResult<Option<Arc<str>>> {
         // Settled before registering: the claim below finds it.
         let _ = self
@@ -110,7 +111,7 @@ impl BlockingWait {
             if slice.is_zero() {
                 // Refuses the turn with `timeout` unless a slot was granted first; the claim
                 // at the top of the loop tells which.
-                let (_, wakes) = self.core.expire(self.key);
+                let (_, wakes) = self.core.expire_for(self.key, reason);
                 wakes.run();
                 continue;
             }

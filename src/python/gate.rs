@@ -12,9 +12,10 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::adaptive::{self, PyAdaptiveLimit};
 use super::admission::{Admission, AdmitArgs};
 use super::args::{self, Arg};
 use super::errors::guard;
@@ -27,6 +28,7 @@ use super::resources::ResourceGate;
 use super::runtime::{deadline_after, log, now, running_loop};
 use super::wake::{Core, DrainWaiter, ThreadSignal};
 use admitgate_core::histogram::HistogramSnapshot;
+use admitgate_core::overload::Discipline;
 use admitgate_core::transport::TransportId;
 use admitgate_core::{ConcurrencyLimit, Decision, Overflow, Rejection};
 
@@ -60,6 +62,12 @@ pub struct PyAdmissionGate {
     fleet: Option<Py<PyFleetLimit>>,
     /// Turns waiting for their leases, refused (`closing`) when the gate closes.
     pub lease_waits: LeaseWaits,
+    /// `adaptive=`: the settings of the adaptive ceiling, if any.
+    adaptive: Option<Py<PyAdaptiveLimit>>,
+    /// The exception types that report a provider throttle (`adaptive.throttle_on`).
+    throttle_on: Option<Py<PyTuple>>,
+    /// `queue_discipline=`.
+    discipline: Discipline,
 }
 
 /// A limit a custom policy object declares: a missing attribute (or `None`, 0) means 0;
@@ -265,7 +273,29 @@ impl PyAdmissionGate {
             transport,
             on_queued,
             timeout,
+            deadline: None,
         })
+    }
+
+    /// `deadline_s` as a deadline on the binding's clock. The first turn with a deadline
+    /// starts timing turns, so the gate learns the service time deadlines are checked
+    /// against (until then only a deadline already passed refuses a turn that would wait).
+    fn caller_deadline(&self, deadline_s: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+        let deadline = adaptive::deadline(deadline_s)?;
+        if deadline.is_some() && !self.core.times_turns() {
+            self.core.enable_overload(None, Discipline::Fifo);
+        }
+        Ok(deadline)
+    }
+
+    /// Whether `exc` (an exception leaving a turn's block) reports a provider throttle.
+    pub fn is_throttle(&self, py: Python<'_>, exc: &Bound<'_, PyAny>) -> bool {
+        match &self.throttle_on {
+            Some(types) if !types.bind(py).is_empty() => {
+                exc.is_instance(types.bind(py).as_any()).unwrap_or(false)
+            }
+            _ => false,
+        }
     }
 
     /// A custom policy's decision from the current facts (`None` for admitgate's own policy,
@@ -324,15 +354,32 @@ impl PyAdmissionGate {
 #[pymethods]
 impl PyAdmissionGate {
     #[new]
-    #[pyo3(signature = (policy, *, resource_policy=None, resource_sampler=None, fleet=None))]
+    #[pyo3(signature = (
+        policy, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None,
+        queue_discipline=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         policy: Option<Bound<'_, PyAny>>,
         resource_policy: Option<Bound<'_, PyAny>>,
         resource_sampler: Option<Bound<'_, PyAny>>,
         fleet: Option<Bound<'_, PyAny>>,
+        adaptive: Option<Bound<'_, PyAny>>,
+        queue_discipline: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
+            let discipline = adaptive::discipline(queue_discipline.as_ref())?;
+            let adaptive = match adaptive {
+                Some(a) if a.is_none() => None,
+                Some(a) => Some(a.cast_into::<PyAdaptiveLimit>().map_err(|err| {
+                    PyTypeError::new_err(format!(
+                        "adaptive must be an admitgate.AdaptiveLimit or None, got {}",
+                        repr(&err.into_inner())
+                    ))
+                })?),
+                None => None,
+            };
             let fleet = match fleet {
                 Some(f) if f.is_none() => None,
                 Some(f) => Some(f.cast_into::<PyFleetLimit>().map_err(|err| {
@@ -349,7 +396,19 @@ impl PyAdmissionGate {
             // importing praisonaiagents reconfigures logging.
             let _ = human_wait_scope(py);
             let limits = declared.limits;
+            let controller = adaptive
+                .as_ref()
+                .map(|a| a.get().controller(limits.max_concurrent_runs))
+                .transpose()?;
+            if discipline != Discipline::Fifo && limits.max_concurrent_runs == 0 {
+                return Err(PyValueError::new_err(
+                    "queue_discipline='adaptive' needs max_concurrent_runs >= 1 (no ceiling, no queue), got 0",
+                ));
+            }
             let core = Arc::new(Core::new(limits));
+            if controller.is_some() || discipline != Discipline::Fifo {
+                core.enable_overload(controller, discipline);
+            }
             if fleet.is_some() {
                 // A turn counts as admitted once it also has its lease.
                 core.defer_admission();
@@ -366,6 +425,9 @@ impl PyAdmissionGate {
                 warned_policy: AtomicBool::new(false),
                 fleet: fleet.map(Bound::unbind),
                 lease_waits: LeaseWaits::default(),
+                throttle_on: adaptive.as_ref().map(|a| a.get().throttle_types(py)),
+                adaptive: adaptive.map(Bound::unbind),
+                discipline,
             };
             gate.set_queue_timeout(declared.queue_timeout);
             Ok(gate)
@@ -375,19 +437,21 @@ impl PyAdmissionGate {
     /// Admits (or sheds) one turn: `async with gate.admit(session_id=..., transport=...)`.
     /// Raises `AdmissionRejected` on entry when the turn is rejected or evicted while waiting.
     #[pyo3(
-        signature = (*, session_id=None, transport=None, on_queued=None),
-        text_signature = "($self, *, session_id='', transport='direct', on_queued=None)"
+        signature = (*, session_id=None, transport=None, on_queued=None, deadline_s=None),
+        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None)"
     )]
     fn admit(
         slf: &Bound<'_, Self>,
         session_id: Option<Bound<'_, PyAny>>,
         transport: Option<Bound<'_, PyAny>>,
         on_queued: Option<Bound<'_, PyAny>>,
+        deadline_s: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
-            let args = slf
-                .get()
-                .admit_args(slf.py(), session_id, transport, on_queued, None)?;
+            let mut args =
+                slf.get()
+                    .admit_args(slf.py(), session_id, transport, on_queued, None)?;
+            args.deadline = slf.get().caller_deadline(deadline_s.as_ref())?;
             Ok(Admission::new(slf.clone().unbind(), args))
         })
     }
@@ -397,8 +461,8 @@ impl PyAdmissionGate {
     /// gate's `queue_timeout_s`); raises `RuntimeError` at once on a thread running an event
     /// loop.
     #[pyo3(
-        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None),
-        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None)"
+        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None, deadline_s=None),
+        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None)"
     )]
     fn admit_sync(
         slf: &Bound<'_, Self>,
@@ -406,15 +470,17 @@ impl PyAdmissionGate {
         transport: Option<Bound<'_, PyAny>>,
         timeout: Option<Bound<'_, PyAny>>,
         on_queued: Option<Bound<'_, PyAny>>,
+        deadline_s: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
             let timeout = match &timeout {
                 Some(t) => args::timeout("timeout", t)?,
                 None => None,
             };
-            let args = slf
-                .get()
-                .admit_args(slf.py(), session_id, transport, on_queued, timeout)?;
+            let mut args =
+                slf.get()
+                    .admit_args(slf.py(), session_id, transport, on_queued, timeout)?;
+            args.deadline = slf.get().caller_deadline(deadline_s.as_ref())?;
             Ok(Admission::new(slf.clone().unbind(), args))
         })
     }
@@ -641,6 +707,24 @@ impl PyAdmissionGate {
         guard(|| Ok(self.is_enabled(py)))
     }
 
+    /// The adaptive ceiling's settings (`adaptive=`), or `None`.
+    #[getter(adaptive)]
+    fn get_adaptive(&self, py: Python<'_>) -> Option<Py<PyAdaptiveLimit>> {
+        self.adaptive.as_ref().map(|a| a.clone_ref(py))
+    }
+
+    /// `"fifo"` or `"adaptive"`.
+    #[getter(queue_discipline)]
+    fn get_queue_discipline(&self) -> &'static str {
+        self.discipline.as_str()
+    }
+
+    /// The effective ceiling now: `max_concurrent_runs`, or what `adaptive=` learned below it.
+    #[getter(limit)]
+    fn get_limit(&self) -> PyResult<u64> {
+        guard(|| Ok(self.core.stats(now).limit))
+    }
+
     /// The ceiling on concurrent runs (0: none).
     #[getter(max_concurrent_runs)]
     fn get_max_concurrent_runs(&self) -> PyResult<u32> {
@@ -662,8 +746,9 @@ impl PyAdmissionGate {
                 let s = fleet.get().fleet_stats(py)?;
                 return Ok(s.fleet_in_flight >= u64::from(s.max_in_flight));
             }
-            let max = self.max_concurrent_runs();
-            Ok(max > 0 && self.core.stats(now).in_flight >= u64::from(max))
+            // The effective ceiling: what an adaptive limit learned, else the configured one.
+            let s = self.core.stats(now);
+            Ok(s.limit > 0 && s.in_flight >= s.limit)
         })
     }
 
@@ -734,6 +819,7 @@ impl PyAdmissionGate {
             d.set_item("shed", s.shed)?;
             d.set_item("max_rss_mb", max_rss_mb)?;
             d.set_item("cancelled", s.cancelled)?;
+            d.set_item("limit", s.limit)?;
             if let Some(fleet) = &self.fleet {
                 set_gate_fleet_keys(&d, &fleet.get().fleet_stats(py)?)?;
             }
@@ -883,6 +969,12 @@ impl PyAdmissionGate {
         }
         if let Some(fleet) = &self.fleet {
             visit.call(fleet)?;
+        }
+        if let Some(adaptive) = &self.adaptive {
+            visit.call(adaptive)?;
+        }
+        if let Some(types) = &self.throttle_on {
+            visit.call(types)?;
         }
         self.resources.traverse(&visit)
     }

@@ -11,6 +11,7 @@
 //! granted goes to the next waiter ([`wake`]), and the core's wake-ups carry on past it
 //! ([`admitgate_core::Wakes::run`]).
 
+mod adaptive;
 mod admission;
 mod args;
 mod awaitables;
@@ -34,6 +35,8 @@ use pyo3::prelude::*;
 /// admitgate's native core.
 #[pymodule(gil_used = true)]
 mod _admitgate {
+    #[pymodule_export]
+    use super::adaptive::{_simulate, _standard_scenarios, Entered, PyAdaptiveLimit};
     #[pymodule_export]
     use super::admission::Admission;
     #[pymodule_export]

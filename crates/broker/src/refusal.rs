@@ -50,6 +50,8 @@ pub fn statuses(reason: Rejection) -> (StatusCode, u8, &'static str) {
         Rejection::QueueFull | Rejection::Shed | Rejection::Policy | Rejection::Timeout => {
             (StatusCode::TOO_MANY_REQUESTS, 8, "RESOURCE_EXHAUSTED")
         }
+        // The caller's own deadline cannot be met: not a reason to retry sooner.
+        Rejection::Deadline => (StatusCode::GATEWAY_TIMEOUT, 4, "DEADLINE_EXCEEDED"),
     }
 }
 

@@ -58,6 +58,10 @@ use super::policy::{ConcurrencyLimit, Decision, Facts, Overflow};
 use super::retry::{ReleaseRate, MEMORY_PRESSURE_RETRY};
 use super::sync::Mutex;
 use super::waiters::{Lane, WaitQueue, WaiterKey, WaiterState};
+use crate::overload::QueueMode;
+
+mod overload;
+pub use overload::TurnEnd;
 
 /// How a waiting turn is woken. The gate calls [`Waker::wake`] outside its lock; the owner
 /// then asks [`Gate::claim`] what happened (a slot, or eviction).
@@ -147,11 +151,14 @@ pub enum Rejection {
     /// The fleet-wide limit's backend is unreachable and the gate refuses rather than admit
     /// against its local ceiling alone.
     FleetUnavailable,
+    /// Its caller's deadline passed while it waited, or less of it was left than a turn
+    /// typically takes: its caller would have left before it finished.
+    Deadline,
 }
 
 impl Rejection {
     /// Every reason, in the order per-reason counters are kept.
-    pub const ALL: [Rejection; 7] = [
+    pub const ALL: [Rejection; 8] = [
         Rejection::QueueFull,
         Rejection::Shed,
         Rejection::Policy,
@@ -159,6 +166,7 @@ impl Rejection {
         Rejection::Closing,
         Rejection::Timeout,
         Rejection::FleetUnavailable,
+        Rejection::Deadline,
     ];
 
     /// A stable name for logs, metrics and `AdmissionRejected.reason`.
@@ -171,6 +179,7 @@ impl Rejection {
             Rejection::Closing => "closing",
             Rejection::Timeout => "timeout",
             Rejection::FleetUnavailable => "fleet_unavailable",
+            Rejection::Deadline => "deadline",
         }
     }
 
@@ -256,6 +265,9 @@ pub struct Stats {
     pub tracked_scopes: u64,
     /// How long the oldest waiter has waited, on the caller's clock.
     pub oldest_wait: Option<Duration>,
+    /// The effective ceiling now: `max_concurrent_runs`, or below it what an adaptive
+    /// limit has learned (0: no ceiling).
+    pub limit: u64,
 }
 
 #[derive(Debug, Default)]
@@ -275,6 +287,23 @@ impl ScopeState {
     }
 }
 
+/// The caller's clock, read at most once, and only if asked.
+struct LazyClock<F> {
+    read: Option<F>,
+    value: Option<Duration>,
+}
+
+impl<F: FnOnce() -> Duration> LazyClock<F> {
+    fn read(&mut self) -> Duration {
+        if let Some(value) = self.value {
+            return value;
+        }
+        let value = self.read.take().map_or(Duration::ZERO, |read| read());
+        self.value = Some(value);
+        value
+    }
+}
+
 /// [`GateState::unlink_waiter`] found no waiting record to unlink, and changed nothing.
 struct NotWaiting;
 
@@ -282,6 +311,11 @@ struct NotWaiting;
 #[derive(Debug)]
 pub struct GateState<W> {
     limits: ConcurrencyLimit,
+    /// The ceiling in force: `limits.max_concurrent_runs`, or below it what an adaptive
+    /// limit allows (see `overload`).
+    ceiling: u32,
+    /// Overload control, when any is on (see the `overload` module); `None` costs nothing.
+    overload: Option<Box<overload::Overload>>,
     pressure: Decision,
     in_flight: u64,
     awaiting_human: u64,
@@ -335,6 +369,8 @@ impl<W> GateState<W> {
     pub fn new(limits: ConcurrencyLimit) -> Self {
         Self {
             limits,
+            ceiling: limits.max_concurrent_runs,
+            overload: None,
             pressure: Decision::Admit,
             in_flight: 0,
             awaiting_human: 0,
@@ -369,13 +405,12 @@ impl<W> GateState<W> {
     }
 
     fn global_slot_free(&self) -> bool {
-        self.limits.max_concurrent_runs == 0
-            || self.in_flight < u64::from(self.limits.max_concurrent_runs)
+        self.ceiling == 0 || self.in_flight < u64::from(self.ceiling)
     }
 
     /// Slots free under the ceiling (`u64::MAX` without one).
     fn free_slots(&self) -> u64 {
-        match self.limits.max_concurrent_runs {
+        match self.ceiling {
             0 => u64::MAX,
             max => u64::from(max).saturating_sub(self.in_flight),
         }
@@ -413,7 +448,7 @@ impl<W> GateState<W> {
 
     /// Soft pressure with no ceiling has no slot to wait on, so it admits (as documented).
     fn effective_pressure(&self, resource: Decision) -> Decision {
-        if self.limits.max_concurrent_runs == 0 && resource == Decision::Queue {
+        if self.ceiling == 0 && resource == Decision::Queue {
             Decision::Admit
         } else {
             resource
@@ -490,6 +525,18 @@ impl<W> GateState<W> {
     /// slots are handed on (plus one when nothing runs), so concurrency does not grow.
     fn dispatch(&mut self, freed: u32, wakes: &mut Wakes<W>) {
         let mut budget = freed;
+        // Overload control may refuse waiters that waited too long, and serve the newest
+        // first, while a queue stands (`QueueMode::Fifo` without it).
+        let newest_first = self.overload.is_some()
+            && !self.ready.is_empty()
+            && self.global_slot_free()
+            && matches!(
+                self.serve_mode(wakes),
+                QueueMode::Controlled {
+                    newest_first: true,
+                    ..
+                }
+            );
         while self.global_slot_free() {
             if self.pressure != Decision::Admit {
                 // Under pressure, only hand on what was freed; with nothing running at all,
@@ -500,8 +547,13 @@ impl<W> GateState<W> {
                     break;
                 }
             }
-            let Some((&seq, &index)) = self.ready.first_key_value() else {
+            let Some((&seq, &oldest)) = self.ready.first_key_value() else {
                 break;
+            };
+            let index = if newest_first {
+                self.newest_eligible().unwrap_or(oldest)
+            } else {
+                oldest
             };
             if !self.grant(index, wakes) {
                 // A stale entry (never while the invariants hold): dropping it keeps the loop
@@ -513,9 +565,13 @@ impl<W> GateState<W> {
 
     /// Hands a slot to the waiter at `index`; `false`, changing nothing, if none waits there.
     fn grant(&mut self, index: u32, wakes: &mut Wakes<W>) -> bool {
+        let enqueued_at = self.queue.get(index).map(|record| record.enqueued_at);
         let Ok(scope) = self.unlink_waiter(index, WaiterState::Granted) else {
             return false;
         };
+        if let Some(enqueued_at) = enqueued_at {
+            self.on_dequeue(enqueued_at);
+        }
         increment(&mut self.granted_unclaimed);
         if self.deferred {
             increment(&mut self.unconfirmed);
@@ -608,6 +664,28 @@ impl<W> GateState<W> {
         now: impl FnOnce() -> Duration,
         wakes: &mut Wakes<W>,
     ) -> Arrival {
+        self.arrive_by(scope, decided, resource, None, now, wakes)
+    }
+
+    /// [`GateState::arrive`] for a turn whose caller waits until `deadline` (on the same
+    /// clock as `now`) at most. A turn that would run at once always does; one that would
+    /// queue is refused with [`Rejection::Deadline`] when its deadline has passed or less
+    /// of it is left than the expected service time (its caller would leave before it
+    /// finished, so no slot should go to it). While it waits, the caller refuses it at
+    /// [`GateState::deadline_timer`] with [`GateState::expire_for`].
+    pub fn arrive_by(
+        &mut self,
+        scope: Option<&str>,
+        decided: Option<Decision>,
+        resource: Decision,
+        deadline: Option<Duration>,
+        now: impl FnOnce() -> Duration,
+        wakes: &mut Wakes<W>,
+    ) -> Arrival {
+        let mut clock = LazyClock {
+            read: Some(now),
+            value: None,
+        };
         let scope = self.tracked(scope);
         if self.closing {
             increment(&mut self.rejected);
@@ -619,7 +697,11 @@ impl<W> GateState<W> {
             self.dispatch(0, wakes);
         }
         let facts = self.facts(scope);
-        let concurrency = decided.unwrap_or_else(|| self.limits.decide(&facts, scope.is_some()));
+        let ceiling = ConcurrencyLimit {
+            max_concurrent_runs: self.ceiling,
+            ..self.limits
+        };
+        let concurrency = decided.unwrap_or_else(|| ceiling.decide(&facts, scope.is_some()));
         let decision = concurrency.escalate(self.pressure);
         if decision == Decision::Reject {
             let refusal = if concurrency != Decision::Reject {
@@ -632,7 +714,10 @@ impl<W> GateState<W> {
                 } else {
                     facts.queued
                 };
-                Arrival::Rejected(Rejection::QueueFull, Some(self.retry_hint(ahead, now())))
+                Arrival::Rejected(
+                    Rejection::QueueFull,
+                    Some(self.retry_hint(ahead, clock.read())),
+                )
             };
             // Counted after the caller's clock is read: should that panic, nothing is.
             increment(&mut self.rejected);
@@ -658,6 +743,12 @@ impl<W> GateState<W> {
             }
             return Arrival::Admitted(key);
         }
+        if let Some(deadline) = deadline {
+            if self.misses_deadline(deadline, clock.read()) {
+                self.refuse_for_deadline();
+                return Arrival::Rejected(Rejection::Deadline, None);
+            }
+        }
 
         // Soft memory pressure holds back a turn that would run at once without it: it waits
         // outside the depth, and never more of them than there are free slots, so pressure
@@ -680,15 +771,16 @@ impl<W> GateState<W> {
                 let refuses =
                     concurrency == Decision::Admit && self.limits.overflow == Overflow::Reject;
                 if (evicts && !self.evict_oldest(joined, true, wakes)) || refuses {
-                    let retry = self.retry_hint(waiting, now());
+                    let retry = self.retry_hint(waiting, clock.read());
                     increment(&mut self.rejected);
                     return Arrival::Rejected(Rejection::QueueFull, Some(retry));
                 }
             }
         }
 
-        let now = now();
+        let now = clock.read();
         self.release_rate.observe(now, self.slots_freed);
+        self.on_enqueue(now);
         let key = scope.map(|name| self.scope_entry(name));
         let lane = lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref());
         let waiter = lane.and_then(|lane| {
@@ -742,6 +834,7 @@ impl<W> GateState<W> {
                 self.queue_wait
                     .record(now.saturating_sub(record.enqueued_at));
                 let scope = record.scope.clone();
+                self.saw_time(now);
                 self.release_rate.observe(now, self.slots_freed);
                 if !self.deferred {
                     increment(&mut self.admitted);
@@ -922,6 +1015,7 @@ impl<W> GateState<W> {
         wakes: &mut Wakes<W>,
     ) -> u64 {
         self.limits = limits;
+        self.ceiling = self.ceiling_under(limits.max_concurrent_runs);
         // Re-derived under the new ceiling either way: soft pressure with no ceiling admits.
         self.pressure = self.effective_pressure(resource.unwrap_or(self.pressure));
         let mut refused = 0;
@@ -1083,9 +1177,14 @@ impl<W> GateState<W> {
         // The slab is kept, so keys handed out before the reset stay invalid.
         let queue = std::mem::take(&mut self.queue);
         let deferred = self.deferred;
+        // Overload control's learned state is the provider's, not the parent's turns'.
+        let overload = self.overload.take();
+        let ceiling = self.ceiling;
         *self = Self::new(self.limits);
         self.queue = queue;
         self.deferred = deferred;
+        self.overload = overload;
+        self.ceiling = ceiling;
     }
 
     /// A snapshot of the counters. `now` (the caller's clock) is read only when someone
@@ -1107,6 +1206,7 @@ impl<W> GateState<W> {
                 .oldest()
                 .and_then(|index| self.queue.get(index))
                 .map(|record| now().saturating_sub(record.enqueued_at)),
+            limit: u64::from(self.ceiling),
         }
     }
 
@@ -1204,6 +1304,8 @@ pub struct Gate<W> {
     held_back_hint: AtomicBool,
     /// Turns let through while the gate had nothing to enforce, until it adopts them.
     passthrough: PassThroughTurns,
+    /// Overload control is on (set once, never cleared): read on every turn without the lock.
+    timed: AtomicBool,
 }
 
 impl<W> Gate<W> {
@@ -1214,6 +1316,7 @@ impl<W> Gate<W> {
             queued_hint: AtomicU64::new(0),
             held_back_hint: AtomicBool::new(false),
             passthrough: PassThroughTurns::default(),
+            timed: AtomicBool::new(false),
         }
     }
 
@@ -1354,6 +1457,52 @@ impl<W> Gate<W> {
     /// matters to waiters, and anything that races with it re-reads under the lock.
     pub fn has_waiters(&self) -> bool {
         self.queued_hint.load(Ordering::Relaxed) > 0
+    }
+
+    /// See [`GateState::arrive_by`].
+    pub fn arrive_by(
+        &self,
+        scope: Option<&str>,
+        decided: Option<Decision>,
+        resource: Decision,
+        deadline: Option<Duration>,
+        now: impl FnOnce() -> Duration,
+    ) -> (Arrival, Wakes<W>) {
+        self.with(|state, wakes| {
+            self.adopt_passthrough(state);
+            state.arrive_by(scope, decided, resource, deadline, now, wakes)
+        })
+    }
+
+    /// See [`GateState::enable_overload`].
+    pub fn enable_overload(
+        &self,
+        controller: Option<Box<dyn crate::overload::LimitController>>,
+        discipline: crate::overload::Discipline,
+    ) {
+        self.state.lock().enable_overload(controller, discipline);
+        self.timed.store(true, Ordering::Release);
+    }
+
+    /// See [`GateState::times_turns`]; without the lock (a turn that reads `false` while
+    /// another thread turns timing on is simply not timed).
+    pub fn times_turns(&self) -> bool {
+        self.timed.load(Ordering::Acquire)
+    }
+
+    /// See [`GateState::turn_started`].
+    pub fn turn_started(&self, now: Duration) -> (u64, Wakes<W>) {
+        self.with(|state, wakes| state.turn_started(now, wakes))
+    }
+
+    /// See [`GateState::deadline_timer`].
+    pub fn deadline_timer(&self, deadline: Duration) -> Duration {
+        self.state.lock().deadline_timer(deadline)
+    }
+
+    /// See [`GateState::expire_for`].
+    pub fn expire_for(&self, key: WaiterKey, reason: Rejection) -> (bool, Wakes<W>) {
+        self.with(|state, wakes| state.expire_for(key, reason, wakes))
     }
 
     /// See [`GateState::register`].
@@ -1501,6 +1650,25 @@ impl TurnSlot {
         if slot.held {
             slot.held = false;
             gate.with(|state, wakes| state.release(self.scope(), resource, wakes))
+                .1
+        } else {
+            gate.with(|state, _| state.end_suspended()).1
+        }
+    }
+
+    /// [`TurnSlot::close`] for a turn of a gate that [times turns](GateState::times_turns):
+    /// `end` says how it went, which moves the ceiling before the slot is handed on. A slot
+    /// lent to a human wait at the end reports nothing (its end says nothing of the
+    /// provider's capacity).
+    pub fn finish<W>(&self, gate: &Gate<W>, resource: Option<Decision>, end: TurnEnd) -> Wakes<W> {
+        let mut slot = self.state.lock();
+        if slot.closed {
+            return Wakes::default();
+        }
+        slot.closed = true;
+        if slot.held {
+            slot.held = false;
+            gate.with(|state, wakes| state.finish(self.scope(), resource, end, wakes))
                 .1
         } else {
             gate.with(|state, _| state.end_suspended()).1

@@ -11,6 +11,8 @@
 //! * [`transport`]: per-front-door counters (JSON-RPC, REST, gRPC, direct calls).
 //! * [`histogram`]: lock-free duration histograms for request and queue-wait metrics.
 //! * [`unwind`]: catching panics without catching a thread's forced exit.
+//! * [`overload`]: overload control the gate consults (the adaptive ceiling, queue disciplines,
+//!   the service-time estimate) and the simulator that drives the real gate with them.
 //!
 //! Nothing here imports pyo3: the binding layer wraps these types.
 //!
@@ -48,6 +50,7 @@
 pub(crate) mod count;
 pub mod gate;
 pub mod histogram;
+pub mod overload;
 pub mod passthrough;
 pub mod policy;
 pub mod rank;

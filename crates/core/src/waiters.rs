@@ -365,6 +365,17 @@ impl<W> WaitQueue<W> {
         (self.all.head != NIL).then_some(self.all.head)
     }
 
+    /// The newest waiter of all, if any.
+    pub fn newest(&self) -> Option<u32> {
+        (self.all.tail != NIL).then_some(self.all.tail)
+    }
+
+    /// The waiter that arrived just before `index` (of all waiters).
+    pub fn prev(&self, index: u32) -> Option<u32> {
+        let prev = self.get(index)?.all.prev;
+        (prev != NIL).then_some(prev)
+    }
+
     /// The oldest waiter of a lane, if any.
     pub fn lane_head(&self, lane: &Lane) -> Option<u32> {
         (lane.head != NIL).then_some(lane.head)

@@ -1,0 +1,416 @@
+//! Seeded model tests of the gate with overload control: random arrivals, ends, refusals,
+//! cancellations and timer expiries, with the invariants checked after every step.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::super::{Arrival, Claim, Gate, Rejection, Stats, TurnSlot, WaiterKey, Waker, Wakes};
+use super::TurnEnd;
+use crate::overload::sim::Rng;
+use crate::overload::{CapacitySearch, CapacitySearchConfig, Discipline, Outcome};
+use crate::policy::{ConcurrencyLimit, Decision};
+
+/// Notes which turn it woke.
+struct Note {
+    id: usize,
+    woken: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Waker for Note {
+    fn wake(self) -> Wakes<Self> {
+        self.woken.lock().push(self.id);
+        Wakes::default()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Options {
+    /// `None`: overload control off (today's gate).
+    discipline: Option<Discipline>,
+    adaptive: bool,
+    deadlines: bool,
+    scoped: bool,
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    arrivals: u64,
+    /// Ids in the order they started running.
+    started: Vec<usize>,
+    refused: u64,
+    cancelled: u64,
+    deadline_refusals_at_once: u64,
+}
+
+struct Model {
+    gate: Gate<Note>,
+    options: Options,
+    woken: Arc<Mutex<Vec<usize>>>,
+    waiting: Vec<(usize, WaiterKey)>,
+    running: Vec<(usize, TurnSlot, Duration, u64)>,
+    now: Duration,
+    tally: Tally,
+}
+
+impl Model {
+    fn new(options: Options) -> Self {
+        let per_scope = if options.scoped { 2 } else { 0 };
+        let gate = Gate::new(ConcurrencyLimit::new(6, 8, "shed_oldest", per_scope).unwrap());
+        if let Some(discipline) = options.discipline {
+            let controller = options.adaptive.then(|| {
+                Box::new(CapacitySearch::new(CapacitySearchConfig::new(6)))
+                    as Box<dyn crate::overload::LimitController>
+            });
+            gate.enable_overload(controller, discipline);
+        }
+        Self {
+            gate,
+            options,
+            woken: Arc::default(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            now: Duration::ZERO,
+            tally: Tally::default(),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        self.gate.stats(|| self.now)
+    }
+
+    fn start(&mut self, id: usize, scope: Option<Arc<str>>) {
+        let in_flight = if self.gate.times_turns() {
+            let (in_flight, wakes) = self.gate.turn_started(self.now);
+            wakes.run();
+            in_flight
+        } else {
+            0
+        };
+        self.tally.started.push(id);
+        self.running
+            .push((id, TurnSlot::new(scope), self.now, in_flight));
+    }
+
+    fn settle(&mut self) {
+        loop {
+            let woken = std::mem::take(&mut *self.woken.lock());
+            if woken.is_empty() {
+                break;
+            }
+            for id in woken {
+                let Some(at) = self.waiting.iter().position(|&(i, _)| i == id) else {
+                    continue;
+                };
+                let (_, key) = self.waiting.remove(at);
+                let now = self.now;
+                let (claim, wakes) = self.gate.claim(key, || now);
+                wakes.run();
+                match claim {
+                    Claim::Admitted(scope) => self.start(id, scope),
+                    Claim::Refused(..) => self.tally.refused += 1,
+                    other => panic!("woken turn {id} found {other:?}"),
+                }
+            }
+        }
+        self.gate.check_invariants();
+    }
+
+    fn arrive(&mut self, rng: &mut Rng) {
+        let id = self.tally.arrivals as usize;
+        self.tally.arrivals += 1;
+        let scope = match (self.options.scoped, rng.next_u64() % 3) {
+            (false, _) | (true, 0) => None,
+            (true, 1) => Some("a"),
+            (true, _) => Some("b"),
+        };
+        let deadline = (self.options.deadlines && rng.next_u64().is_multiple_of(2))
+            .then(|| self.now + Duration::from_millis(rng.next_u64() % 120));
+        let before = self.stats();
+        let runs_at_once = before.in_flight < before.limit
+            && before.queued == 0
+            && before.granted_unclaimed == 0
+            && scope.is_none();
+        let now = self.now;
+        let (arrival, wakes) = if self.options.deadlines {
+            self.gate
+                .arrive_by(scope, None, Decision::Admit, deadline, || now)
+        } else {
+            self.gate.arrive(scope, None, Decision::Admit, || now)
+        };
+        wakes.run();
+        match arrival {
+            Arrival::Admitted(scope) => self.start(id, scope),
+            Arrival::Queued(key) => {
+                let note = Note {
+                    id,
+                    woken: self.woken.clone(),
+                };
+                if let (_, Some(note)) = self.gate.register(key, note) {
+                    self.woken.lock().push(note.id);
+                }
+                self.waiting.push((id, key));
+            }
+            Arrival::Rejected(reason, _) => {
+                if reason == Rejection::Deadline && runs_at_once {
+                    self.tally.deadline_refusals_at_once += 1;
+                }
+                self.tally.refused += 1;
+            }
+        }
+    }
+
+    fn end(&mut self, rng: &mut Rng) {
+        if self.running.is_empty() {
+            return;
+        }
+        let at = (rng.next_u64() % self.running.len() as u64) as usize;
+        let (_, slot, started_at, in_flight) = self.running.swap_remove(at);
+        // Drawn whether reported or not, so gates compared on one seed see the same steps.
+        let outcome = match rng.next_u64() % 8 {
+            0 => Outcome::Throttled { retry_after: None },
+            1 => Outcome::Ignored,
+            _ => Outcome::Success,
+        };
+        let wakes = if self.gate.times_turns() {
+            let end = TurnEnd {
+                started_at,
+                ended_at: self.now,
+                in_flight,
+                outcome,
+                remaining: None,
+            };
+            slot.finish(&self.gate, None, end)
+        } else {
+            slot.close(&self.gate, None)
+        };
+        wakes.run();
+    }
+
+    fn withdraw(&mut self, rng: &mut Rng) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let at = (rng.next_u64() % self.waiting.len() as u64) as usize;
+        let (id, key) = self.waiting.remove(at);
+        let (_, wakes) = self.gate.cancel(key);
+        wakes.run();
+        self.tally.cancelled += 1;
+        // A withdrawn turn's waker may have been queued already: forget it.
+        self.woken.lock().retain(|&i| i != id);
+    }
+
+    fn expire(&mut self, rng: &mut Rng) {
+        let Some(&(_, key)) = self.waiting.first() else {
+            return;
+        };
+        let reason = if rng.next_u64().is_multiple_of(2) {
+            Rejection::Timeout
+        } else {
+            Rejection::Deadline
+        };
+        let (_, wakes) = self.gate.expire_for(key, reason);
+        wakes.run();
+    }
+
+    fn step(&mut self, rng: &mut Rng) {
+        self.now += Duration::from_micros(rng.next_u64() % 20_000);
+        match rng.next_u64() % 10 {
+            0..=4 => self.arrive(rng),
+            5..=7 => self.end(rng),
+            8 => self.withdraw(rng),
+            _ => self.expire(rng),
+        }
+        self.settle();
+        let stats = self.stats();
+        assert!(stats.limit >= 1 && stats.limit <= 6, "{stats:?}");
+        assert_eq!(stats.in_flight, self.running.len() as u64, "{stats:?}");
+        assert_eq!(stats.queued, self.waiting.len() as u64, "{stats:?}");
+    }
+
+    fn run(options: Options, seed: u64, steps: usize) -> Self {
+        let mut model = Self::new(options);
+        let mut rng = Rng::new(seed);
+        for _ in 0..steps {
+            model.step(&mut rng);
+        }
+        model
+    }
+}
+
+const DISCIPLINES: [Option<Discipline>; 4] = [
+    None,
+    Some(Discipline::Fifo),
+    Some(Discipline::Codel),
+    Some(Discipline::AdaptiveLifo),
+];
+
+#[test]
+fn counters_add_up_under_every_discipline() {
+    for discipline in DISCIPLINES {
+        for (adaptive, deadlines, scoped) in [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, true, true),
+            (false, true, true),
+        ] {
+            let adaptive = adaptive && discipline.is_some();
+            let options = Options {
+                discipline,
+                adaptive,
+                deadlines,
+                scoped,
+            };
+            for seed in 0..12 {
+                let model = Model::run(options, seed, 600);
+                let stats = model.stats();
+                let tally = &model.tally;
+                assert_eq!(
+                    stats.admitted,
+                    tally.started.len() as u64,
+                    "{options:?} {seed}"
+                );
+                assert_eq!(stats.cancelled, tally.cancelled, "{options:?} {seed}");
+                assert_eq!(
+                    stats.rejected + stats.shed,
+                    tally.refused,
+                    "{options:?} {seed}"
+                );
+                assert_eq!(
+                    stats.admitted + stats.rejected + stats.shed + stats.cancelled + stats.queued,
+                    tally.arrivals,
+                    "every arrival is admitted, refused, cancelled or waiting: {options:?} {seed}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fifo_with_overload_control_on_is_todays_order_exactly() {
+    for scoped in [false, true] {
+        for seed in 0..40 {
+            let options = |discipline| Options {
+                discipline,
+                adaptive: false,
+                deadlines: false,
+                scoped,
+            };
+            let today = Model::run(options(None), seed, 800);
+            let fifo = Model::run(options(Some(Discipline::Fifo)), seed, 800);
+            assert_eq!(today.tally, fifo.tally, "seed {seed}");
+            assert_eq!(today.stats(), fifo.stats(), "seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn a_deadline_never_refuses_a_turn_that_would_run_at_once() {
+    for discipline in DISCIPLINES {
+        for seed in 0..20 {
+            let model = Model::run(
+                Options {
+                    discipline,
+                    adaptive: discipline.is_some(),
+                    deadlines: true,
+                    scoped: false,
+                },
+                seed,
+                600,
+            );
+            assert_eq!(model.tally.deadline_refusals_at_once, 0, "{discipline:?}");
+        }
+    }
+}
+
+#[test]
+fn a_turn_that_cannot_finish_in_time_is_refused_at_once_and_counted() {
+    let gate: Gate<Note> = Gate::new(ConcurrencyLimit::new(1, 4, "reject", 0).unwrap());
+    gate.enable_overload(None, Discipline::Fifo);
+    let ms = Duration::from_millis;
+    // One turn of 100 ms teaches the service time.
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, None, || ms(0));
+    assert_eq!(arrival, Arrival::Admitted(None));
+    let (in_flight, _) = gate.turn_started(ms(0));
+    let end = TurnEnd {
+        started_at: ms(0),
+        ended_at: ms(100),
+        in_flight,
+        outcome: Outcome::Success,
+        remaining: None,
+    };
+    drop(TurnSlot::new(None).finish(&gate, None, end));
+    assert_eq!(gate.stats(|| ms(100)).in_flight, 0);
+    // The slot is taken: a turn with 50 ms left would queue, and cannot finish.
+    let _held = gate.arrive_by(None, None, Decision::Admit, None, || ms(100));
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, Some(ms(150)), || ms(100));
+    assert_eq!(arrival, Arrival::Rejected(Rejection::Deadline, None));
+    // With 150 ms left it queues, and its timer is due when 100 ms are left.
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, Some(ms(250)), || ms(100));
+    let Arrival::Queued(key) = arrival else {
+        panic!("{arrival:?}")
+    };
+    assert_eq!(gate.deadline_timer(ms(250)), ms(150));
+    let (expired, _) = gate.expire_for(key, Rejection::Deadline);
+    assert!(expired);
+    let (claim, _) = gate.claim(key, || ms(150));
+    assert!(
+        matches!(claim, Claim::Refused(Rejection::Deadline, _)),
+        "{claim:?}"
+    );
+    let stats = gate.stats(|| ms(150));
+    assert_eq!((stats.admitted, stats.rejected), (2, 2));
+    gate.check_invariants();
+}
+
+#[test]
+fn a_standing_queue_serves_the_newest_and_refuses_the_stale() {
+    let gate: Gate<Note> = Gate::new(ConcurrencyLimit::new(1, 16, "reject", 0).unwrap());
+    gate.enable_overload(None, Discipline::AdaptiveLifo);
+    let woken: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let ms = Duration::from_millis;
+    let finish = |started: u64, ended: u64| {
+        let end = TurnEnd {
+            started_at: ms(started),
+            ended_at: ms(ended),
+            in_flight: 1,
+            outcome: Outcome::Success,
+            remaining: None,
+        };
+        TurnSlot::new(None).finish(&gate, None, end).run();
+    };
+    // Teach a 10 ms service time.
+    let _ = gate.arrive_by(None, None, Decision::Admit, None, || ms(0));
+    finish(0, 10);
+    let _ = gate.arrive_by(None, None, Decision::Admit, None, || ms(10));
+    // Waiters arrive at 11, 12, ... 16 ms; the queue never drains.
+    let mut keys = Vec::new();
+    for (id, at) in (11..=16).enumerate() {
+        let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, None, || ms(at));
+        let Arrival::Queued(key) = arrival else {
+            panic!("{arrival:?}")
+        };
+        let _ = gate.register(
+            key,
+            Note {
+                id,
+                woken: woken.clone(),
+            },
+        );
+        keys.push(key);
+    }
+    // At 40 ms the queue has stood for 29 ms (> 2 service times): the waiters older than
+    // 10 ms are refused, and the newest of the rest runs.
+    let _ = gate.arrive_by(None, None, Decision::Admit, None, || ms(40));
+    finish(10, 40);
+    let woken = woken.lock().clone();
+    assert!(woken.contains(&5), "the newest ran: {woken:?}");
+    let (claim, _) = gate.claim(keys[0], || ms(40));
+    assert!(
+        matches!(claim, Claim::Refused(Rejection::Timeout, _)),
+        "{claim:?}"
+    );
+    gate.check_invariants();
+}

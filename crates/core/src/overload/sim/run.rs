@@ -1,0 +1,467 @@
+//! The event loop: virtual time, the real core [`Gate`], a provider and its clients.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::rng::Rng;
+use super::scenario::{Algorithm, Candidate, Ceiling, Scenario};
+use crate::gate::TurnEnd;
+use crate::overload::{
+    Aimd, CapacitySearch, CapacitySearchConfig, Discipline, Gradient2, LimitController, Outcome,
+};
+use crate::{
+    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Rejection, TurnSlot, WaiterKey, Waker, Wakes,
+};
+
+/// The width of one point of the timeline.
+pub const TIMELINE_STEP: Duration = Duration::from_millis(250);
+
+/// One point of a run's timeline.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    /// The end of the step, seconds.
+    pub at_s: f64,
+    /// Turns served in the step, per second.
+    pub goodput: f64,
+    /// The ceiling at the end of the step (0: none).
+    pub limit: u64,
+    /// The provider's capacity at the end of the step.
+    pub capacity: u64,
+}
+
+/// What one candidate achieved in one scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The candidate's name.
+    pub candidate: String,
+    /// The scenario's name.
+    pub scenario: String,
+    /// Turns offered.
+    pub offered: u64,
+    /// Turns served to a client still waiting.
+    pub served: u64,
+    /// Served turns per second over the most the provider could serve.
+    pub goodput: f64,
+    /// The 99th percentile of a served turn's latency (arrival to answer).
+    pub p99: Duration,
+    /// Calls made to the provider.
+    pub provider_calls: u64,
+    /// Calls the provider refused (429).
+    pub throttled: u64,
+    /// Turns the gate refused (busy acknowledgements), any reason.
+    pub refused: u64,
+    /// Clients that left while queued.
+    pub left_queued: u64,
+    /// Clients that left while their turn ran (its slot wasted).
+    pub left_running: u64,
+    /// `(capacity, ceiling)` at the end of each capacity phase (ceiling 0: none).
+    pub phase_limits: Vec<(u64, u64)>,
+    /// Goodput and ceiling over time.
+    pub timeline: Vec<Point>,
+}
+
+impl Report {
+    /// Provider refusals as a fraction of provider calls.
+    pub fn throttled_fraction(&self) -> f64 {
+        self.throttled as f64 / (self.provider_calls as f64).max(1.0)
+    }
+
+    /// Gate refusals as a fraction of turns offered.
+    pub fn refused_fraction(&self) -> f64 {
+        self.refused as f64 / (self.offered as f64).max(1.0)
+    }
+}
+
+/// Wakes a simulated waiter: notes its client for the loop to claim.
+struct SimWaker {
+    client: usize,
+    woken: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Waker for SimWaker {
+    fn wake(self) -> Wakes<Self> {
+        self.woken.lock().push(self.client);
+        Wakes::default()
+    }
+}
+
+enum Turn {
+    Queued(WaiterKey),
+    Running {
+        slot: TurnSlot,
+        started: Duration,
+        in_flight: u64,
+        accepted: bool,
+    },
+    Done,
+}
+
+struct Client {
+    arrived: Duration,
+    turn: Turn,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive,
+    CallEnds(usize),
+    GiveUp(usize),
+    Expire(usize),
+    Deadline(usize),
+    Sample,
+}
+
+struct Sim<'a> {
+    scenario: &'a Scenario,
+    candidate: &'a Candidate,
+    rng: Rng,
+    now: Duration,
+    seq: u64,
+    events: BinaryHeap<Reverse<(Duration, u64, Event)>>,
+    gate: Gate<SimWaker>,
+    /// The gate reports turns' starts and ends (overload control is on).
+    timed: bool,
+    woken: Arc<Mutex<Vec<usize>>>,
+    clients: Vec<Client>,
+    provider_active: u64,
+    latencies: Vec<Duration>,
+    served_in_step: u64,
+    report: Report,
+}
+
+fn controller(ceiling: Ceiling) -> Option<Box<dyn LimitController>> {
+    let Ceiling::Adaptive(algorithm, max) = ceiling else {
+        return None;
+    };
+    let max = u64::from(max);
+    Some(match algorithm {
+        Algorithm::Admitgate => Box::new(CapacitySearch::new(CapacitySearchConfig::new(max))),
+        // Vector starts at 1; Netflix's Gradient2 at 20 (its floor too, lowered here to 1
+        // so it is not handicapped on a small provider).
+        Algorithm::Aimd => Box::new(Aimd::new(1, max, 1)),
+        Algorithm::Gradient2 => Box::new(Gradient2::new(1, max, 20)),
+    })
+}
+
+impl<'a> Sim<'a> {
+    fn new(scenario: &'a Scenario, candidate: &'a Candidate) -> Self {
+        let ceiling = match candidate.ceiling {
+            Ceiling::NoGate => 0,
+            Ceiling::Fixed(n) | Ceiling::Adaptive(_, n) => n,
+        };
+        let limits = ConcurrencyLimit {
+            max_concurrent_runs: ceiling,
+            queue_depth: candidate.queue_depth,
+            overflow: candidate.overflow,
+            max_per_scope: 0,
+        };
+        let gate = Gate::new(limits);
+        let controller = controller(candidate.ceiling);
+        // Deadlines are a gate feature every configuration gets once clients send them.
+        let timed = candidate.ceiling != Ceiling::NoGate
+            && (controller.is_some()
+                || candidate.discipline != Discipline::Fifo
+                || scenario.clients.send_deadline);
+        if timed {
+            gate.enable_overload(controller, candidate.discipline);
+        }
+        Self {
+            scenario,
+            candidate,
+            rng: Rng::new(scenario.seed),
+            now: Duration::ZERO,
+            seq: 0,
+            events: BinaryHeap::new(),
+            gate,
+            timed,
+            woken: Arc::default(),
+            clients: Vec::new(),
+            provider_active: 0,
+            latencies: Vec::new(),
+            served_in_step: 0,
+            report: Report {
+                candidate: candidate.name.clone(),
+                scenario: scenario.name.clone(),
+                offered: 0,
+                served: 0,
+                goodput: 0.0,
+                p99: Duration::ZERO,
+                provider_calls: 0,
+                throttled: 0,
+                refused: 0,
+                left_queued: 0,
+                left_running: 0,
+                phase_limits: Vec::new(),
+                timeline: Vec::new(),
+            },
+        }
+    }
+
+    fn schedule(&mut self, after: Duration, event: Event) {
+        self.seq = self.seq.saturating_add(1);
+        self.events
+            .push(Reverse((self.now.saturating_add(after), self.seq, event)));
+    }
+
+    fn seconds(value: f64) -> Duration {
+        Duration::try_from_secs_f64(value).unwrap_or(Duration::MAX)
+    }
+
+    fn ceiling(&self) -> u64 {
+        self.gate.stats(|| Duration::ZERO).limit
+    }
+
+    fn run(mut self) -> Report {
+        self.schedule(Duration::ZERO, Event::Arrive);
+        self.schedule(TIMELINE_STEP, Event::Sample);
+        while let Some(Reverse((at, _, event))) = self.events.pop() {
+            if at > self.scenario.duration {
+                break;
+            }
+            self.now = at;
+            match event {
+                Event::Arrive => self.arrive(),
+                Event::CallEnds(client) => self.call_ends(client),
+                Event::GiveUp(client) => self.give_up(client),
+                Event::Expire(client) => self.expire(client, Rejection::Timeout),
+                Event::Deadline(client) => self.expire(client, Rejection::Deadline),
+                Event::Sample => self.sample(),
+            }
+            self.settle();
+        }
+        self.finish()
+    }
+
+    /// Runs wakes, claims what they woke, and moves the ceiling, until nothing changes.
+    fn settle(&mut self) {
+        loop {
+            let woken = std::mem::take(&mut *self.woken.lock());
+            if woken.is_empty() {
+                break;
+            }
+            for client in woken {
+                self.claim(client);
+            }
+        }
+    }
+
+    fn arrive(&mut self) {
+        let gap = self.rng.exponential(1.0 / self.scenario.arrival_rate());
+        self.schedule(Self::seconds(gap), Event::Arrive);
+        self.report.offered = self.report.offered.saturating_add(1);
+        let client = self.clients.len();
+        self.clients.push(Client {
+            arrived: self.now,
+            turn: Turn::Done,
+        });
+        self.schedule(self.scenario.clients.patience, Event::GiveUp(client));
+        let now = self.now;
+        let deadline = self
+            .scenario
+            .clients
+            .send_deadline
+            .then(|| now.saturating_add(self.scenario.clients.patience));
+        let (arrival, wakes) = self
+            .gate
+            .arrive_by(None, None, Decision::Admit, deadline, || now);
+        wakes.run();
+        match arrival {
+            Arrival::Admitted(_) => self.start(client),
+            Arrival::Queued(key) => {
+                if let Some(c) = self.clients.get_mut(client) {
+                    c.turn = Turn::Queued(key);
+                }
+                let waker = SimWaker {
+                    client,
+                    woken: self.woken.clone(),
+                };
+                let (_, returned) = self.gate.register(key, waker);
+                if let Some(waker) = returned {
+                    // Settled before it registered: claim now.
+                    self.woken.lock().push(waker.client);
+                }
+                if let Some(timeout) = self.candidate.queue_timeout {
+                    self.schedule(timeout, Event::Expire(client));
+                }
+                if let Some(deadline) = deadline {
+                    let at = self.gate.deadline_timer(deadline);
+                    self.schedule(at.saturating_sub(now), Event::Deadline(client));
+                }
+            }
+            Arrival::Rejected(..) => {
+                self.report.refused = self.report.refused.saturating_add(1);
+            }
+        }
+    }
+
+    fn claim(&mut self, client: usize) {
+        let Some(Turn::Queued(key)) = self.clients.get(client).map(|c| &c.turn) else {
+            return;
+        };
+        let key = *key;
+        let now = self.now;
+        let (claim, wakes) = self.gate.claim(key, || now);
+        wakes.run();
+        match claim {
+            Claim::Admitted(_) => self.start(client),
+            Claim::Refused(..) => {
+                self.report.refused = self.report.refused.saturating_add(1);
+                if let Some(c) = self.clients.get_mut(client) {
+                    c.turn = Turn::Done;
+                }
+            }
+            Claim::Waiting | Claim::Unknown => {}
+        }
+    }
+
+    fn start(&mut self, client: usize) {
+        let in_flight = if self.timed {
+            let (in_flight, wakes) = self.gate.turn_started(self.now);
+            wakes.run();
+            in_flight
+        } else {
+            0
+        };
+        self.report.provider_calls = self.report.provider_calls.saturating_add(1);
+        let accepted = self.provider_active < self.scenario.provider.capacity_at(self.now);
+        let duration = if accepted {
+            self.provider_active = self.provider_active.saturating_add(1);
+            let provider = &self.scenario.provider;
+            Self::seconds(
+                self.rng
+                    .log_normal(provider.service_mean.as_secs_f64(), provider.service_sigma),
+            )
+        } else {
+            self.scenario.provider.refusal_latency
+        };
+        if let Some(c) = self.clients.get_mut(client) {
+            c.turn = Turn::Running {
+                slot: TurnSlot::new(None),
+                started: self.now,
+                in_flight,
+                accepted,
+            };
+        }
+        self.schedule(duration, Event::CallEnds(client));
+    }
+
+    /// Ends a running turn: its slot back to the gate, its outcome to the controller.
+    fn end_turn(&mut self, client: usize, outcome: Outcome) {
+        let Some(c) = self.clients.get_mut(client) else {
+            return;
+        };
+        let Turn::Running {
+            slot,
+            started,
+            in_flight,
+            accepted,
+        } = std::mem::replace(&mut c.turn, Turn::Done)
+        else {
+            return;
+        };
+        if accepted {
+            self.provider_active = self.provider_active.saturating_sub(1);
+        }
+        let wakes = if self.timed {
+            let end = TurnEnd {
+                started_at: started,
+                ended_at: self.now,
+                in_flight,
+                outcome,
+                remaining: None,
+            };
+            slot.finish(&self.gate, None, end)
+        } else {
+            slot.close(&self.gate, None)
+        };
+        wakes.run();
+    }
+
+    fn call_ends(&mut self, client: usize) {
+        let Some(c) = self.clients.get(client) else {
+            return;
+        };
+        let Turn::Running { accepted, .. } = c.turn else {
+            return;
+        };
+        if accepted {
+            self.report.served = self.report.served.saturating_add(1);
+            self.served_in_step = self.served_in_step.saturating_add(1);
+            self.latencies.push(self.now.saturating_sub(c.arrived));
+            self.end_turn(client, Outcome::Success);
+        } else {
+            self.report.throttled = self.report.throttled.saturating_add(1);
+            self.end_turn(client, Outcome::Throttled { retry_after: None });
+        }
+    }
+
+    fn give_up(&mut self, client: usize) {
+        match self.clients.get(client).map(|c| &c.turn) {
+            Some(Turn::Queued(key)) => {
+                let key = *key;
+                let (_, wakes) = self.gate.cancel(key);
+                wakes.run();
+                self.report.left_queued = self.report.left_queued.saturating_add(1);
+                if let Some(c) = self.clients.get_mut(client) {
+                    c.turn = Turn::Done;
+                }
+            }
+            Some(Turn::Running { .. }) => {
+                self.report.left_running = self.report.left_running.saturating_add(1);
+                self.end_turn(client, Outcome::Ignored);
+            }
+            _ => {}
+        }
+    }
+
+    fn expire(&mut self, client: usize, reason: Rejection) {
+        if let Some(Turn::Queued(key)) = self.clients.get(client).map(|c| &c.turn) {
+            let (_, wakes) = self.gate.expire_for(*key, reason);
+            wakes.run();
+        }
+    }
+
+    fn sample(&mut self) {
+        self.schedule(TIMELINE_STEP, Event::Sample);
+        let capacity = self.scenario.provider.capacity_at(self.now);
+        let next = self
+            .scenario
+            .provider
+            .capacity_at(self.now.saturating_add(TIMELINE_STEP));
+        let end = self.now.saturating_add(TIMELINE_STEP) > self.scenario.duration;
+        if next != capacity || end {
+            self.report.phase_limits.push((capacity, self.ceiling()));
+        }
+        self.report.timeline.push(Point {
+            at_s: self.now.as_secs_f64(),
+            goodput: self.served_in_step as f64 / TIMELINE_STEP.as_secs_f64(),
+            limit: self.ceiling(),
+            capacity,
+        });
+        self.served_in_step = 0;
+    }
+
+    fn finish(mut self) -> Report {
+        let duration = self.scenario.duration;
+        let physical = self.scenario.provider.physical_rate(duration);
+        self.report.goodput =
+            self.report.served as f64 / duration.as_secs_f64().max(1e-9) / physical.max(1e-9);
+        self.latencies.sort_unstable();
+        let rank = (self.latencies.len() as f64 * 0.99) as usize;
+        self.report.p99 = self
+            .latencies
+            .get(rank.min(self.latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default();
+        self.report
+    }
+}
+
+/// Runs `candidate` in `scenario`.
+pub fn run(scenario: &Scenario, candidate: &Candidate) -> Report {
+    Sim::new(scenario, candidate).run()
+}

@@ -1,0 +1,264 @@
+"""``python -m admitgate simulate``: your gate settings against a described provider.
+
+Runs, in the seeded overload simulator (virtual time, the real Rust gate), your
+configuration (``--config gateway.yaml`` or flags), admitgate's adaptive configuration (an
+:class:`~admitgate.AdaptiveLimit` under your ceiling, ``queue_discipline="adaptive"``) and no
+gate at all, side by side on the same arrivals, against a provider of ``--capacity``
+concurrent calls of about ``--service-ms`` that answers 429 at once beyond it, with clients
+who leave after ``--patience`` seconds, offered ``--load`` times what the provider can
+serve. Prints goodput (turns answered to a client still waiting, over the most the provider
+could serve), p99 latency, provider 429s, busy acks and the ceiling at the end of each
+capacity phase; ``--png`` draws goodput and the ceiling over time (``admitgate[simulate]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import _admitgate
+
+DEFAULT_UPPER_BOUND = 64
+
+
+def _capacity(text: str) -> list[tuple[float, int]]:
+    """``8`` or ``8,4@10,16@20``: a capacity, then ``capacity@seconds`` changes."""
+    phases: list[tuple[float, int]] = []
+    for i, part in enumerate(text.split(",")):
+        value, _, at = part.strip().partition("@")
+        try:
+            capacity = int(value)
+            start = float(at.rstrip("s")) if at else 0.0
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--capacity must look like 8 or 8,4@10,16@20, got {text!r}"
+            ) from None
+        if capacity < 1 or not math.isfinite(start) or start < 0 or (i > 0) != bool(at):
+            raise argparse.ArgumentTypeError(
+                f"--capacity must look like 8 or 8,4@10,16@20 (capacities >= 1, the first "
+                f"without @, each change with @seconds), got {text!r}"
+            )
+        if phases and start <= phases[-1][0]:
+            raise argparse.ArgumentTypeError(
+                f"--capacity changes must come in time order, got {text!r}"
+            )
+        phases.append((start, capacity))
+    return phases
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    yours = parser.add_argument_group("your gate (a gateway YAML, or flags; flags win)")
+    yours.add_argument("--config", metavar="GATEWAY_YAML", help="read the admission settings")
+    yours.add_argument("--max-concurrent-runs", type=int, metavar="N")
+    yours.add_argument("--queue-depth", type=int, metavar="N")
+    yours.add_argument("--overflow-policy", choices=("reject", "queue", "shed_oldest"))
+    yours.add_argument("--queue-timeout-s", type=_positive(float), metavar="S")
+    provider = parser.add_argument_group("the provider and its clients")
+    provider.add_argument(
+        "--capacity",
+        type=_capacity,
+        default=[(0.0, 8)],
+        metavar="SPEC",
+        help="concurrent calls it serves, with changes: 8, or 8,4@10,16@20 (default 8)",
+    )
+    provider.add_argument("--service-ms", type=_positive(float), default=50.0)
+    provider.add_argument(
+        "--service-sigma", type=float, default=0.25, help="log-normal spread (default 0.25)"
+    )
+    provider.add_argument(
+        "--patience", type=_positive(float), default=0.5, metavar="S", help="default 0.5"
+    )
+    provider.add_argument(
+        "--load", type=_positive(float), default=10.0, help="x what it serves (default 10)"
+    )
+    provider.add_argument(
+        "--deadlines", action="store_true", help="clients send admit(deadline_s=patience)"
+    )
+    run = parser.add_argument_group("the run")
+    run.add_argument("--duration", type=_positive(float), default=30.0, metavar="S")
+    run.add_argument("--seed", type=int, default=17)
+    run.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also Vector-ARC AIMD, Gradient2 and CoDel (the published algorithms)",
+    )
+    run.add_argument("--png", metavar="PATH", help="goodput and the ceiling over time")
+    return parser
+
+
+def _your_gate(args: argparse.Namespace) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "max_concurrent_runs": 0,
+        "queue_depth": 0,
+        "overflow_policy": "reject",
+    }
+    if args.config:
+        from .config import load
+
+        loaded = load(args.config)
+        settings.update(
+            max_concurrent_runs=loaded.max_concurrent_runs,
+            queue_depth=loaded.queue_depth,
+            overflow_policy=loaded.overflow_policy,
+        )
+    for name in ("max_concurrent_runs", "queue_depth", "overflow_policy"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    for name in ("max_concurrent_runs", "queue_depth"):
+        if settings[name] < 0:
+            raise ValueError(f"{name} must be >= 0, got {settings[name]}")
+    ceiling = settings["max_concurrent_runs"]
+    return {
+        "name": f"yours (max {ceiling}, queue {settings['queue_depth']})"
+        if ceiling
+        else "yours (no ceiling)",
+        "ceiling": "fixed" if ceiling else "none",
+        "max_concurrent_runs": ceiling,
+        "queue_depth": settings["queue_depth"],
+        "overflow_policy": settings["overflow_policy"],
+        "queue_timeout_s": args.queue_timeout_s,
+        "queue_discipline": "fifo",
+    }
+
+
+def candidates(yours: dict[str, Any], baselines: bool) -> list[dict[str, Any]]:
+    """Your gate, the adaptive one under your ceiling (64 without one), no gate, and the
+    published algorithms when asked."""
+    bound = yours["max_concurrent_runs"] or DEFAULT_UPPER_BOUND
+    depth = max(yours["queue_depth"], 128)
+    adaptive = {
+        "name": f"adaptive (<= {bound})",
+        "ceiling": "adaptive",
+        "max_concurrent_runs": bound,
+        "queue_depth": depth,
+        "overflow_policy": yours["overflow_policy"],
+        "queue_timeout_s": yours["queue_timeout_s"],
+        "queue_discipline": "adaptive",
+    }
+    chosen = [yours, adaptive, {"name": "no gate", "ceiling": "none"}]
+    if baselines:
+        for name, ceiling, discipline in (
+            ("aimd (vector arc), fifo", "aimd", "fifo"),
+            ("gradient2 (netflix), fifo", "gradient2", "fifo"),
+            (f"fixed {bound}, codel (folly)", "fixed", "codel"),
+        ):
+            chosen.append(
+                {**adaptive, "name": name, "ceiling": ceiling, "queue_discipline": discipline}
+            )
+    return chosen
+
+
+def table(reports: list[dict[str, Any]], physical_per_s: float) -> str:
+    """The comparison as text."""
+    head = (
+        f"{'gate':<30} {'goodput':>8} {'turns/s':>8} {'p99 ms':>7} {'429s':>7} {'busy':>7}"
+        "  ceiling at each phase end (capacity)"
+    )
+    lines = [head, "-" * len(head)]
+    for r in reports:
+        limits = ", ".join(
+            f"{limit if limit else '-'} ({capacity})" for capacity, limit in r["phase_limits"]
+        )
+        calls = max(r["provider_calls"], 1)
+        lines.append(
+            f"{r['gate']:<30} {r['goodput']:>8.3f} {r['goodput'] * physical_per_s:>8.1f} "
+            f"{r['p99_s'] * 1000:>7.0f} {100 * r['provider_429s'] / calls:>6.1f}% "
+            f"{100 * r['busy'] / max(r['offered'], 1):>6.1f}%  {limits}"
+        )
+    return "\n".join(lines)
+
+
+def _png(path: str, reports: list[dict[str, Any]], title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--png needs matplotlib: pip install 'admitgate[simulate]'") from None
+    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    for r in reports:
+        times = [p[0] for p in r["timeline"]]
+        top.plot(times, [p[1] for p in r["timeline"]], label=r["gate"])
+        if any(p[2] for p in r["timeline"]):
+            bottom.step(times, [p[2] for p in r["timeline"]], where="post", label=r["gate"])
+    if reports:
+        first = reports[0]["timeline"]
+        bottom.step(
+            [p[0] for p in first], [p[3] for p in first], "k--", where="post", label="capacity"
+        )
+    top.set_ylabel("goodput (turns/s)")
+    bottom.set_ylabel("ceiling")
+    bottom.set_xlabel("seconds")
+    top.set_title(title)
+    top.legend(fontsize="small")
+    bottom.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate simulate") -> int:
+    """Runs the comparison; exit code 2 for a usage or configuration error."""
+    parser = _parser(prog)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        yours = _your_gate(args)
+    except (OSError, ValueError, ImportError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    scenario = {
+        "name": "simulate",
+        "capacity": args.capacity,
+        "service_s": args.service_ms / 1000,
+        "service_sigma": args.service_sigma,
+        "refusal_s": min(0.001, args.service_ms / 1000 / 20),
+        "patience_s": args.patience,
+        "load": args.load,
+        "send_deadline": args.deadlines,
+        "duration_s": args.duration,
+        "seed": args.seed,
+    }
+    reports = _admitgate._simulate(scenario, candidates(yours, args.baselines))
+    capacity_s = 0.0
+    for i, (start, capacity) in enumerate(args.capacity):
+        end = args.capacity[i + 1][0] if i + 1 < len(args.capacity) else args.duration
+        capacity_s += capacity * max(0.0, min(end, args.duration) - start)
+    physical = capacity_s / (args.service_ms / 1000) / args.duration
+    capacities = " -> ".join(f"{c}@{s:g}s" for s, c in args.capacity)
+    title = (
+        f"provider {capacities} x {args.service_ms:g} ms, clients {args.patience:g} s patience"
+        f"{' (deadlines)' if args.deadlines else ''}, {args.load:g}x load, {args.duration:g} s"
+    )
+    print(title)
+    print(f"the most the provider can serve: {physical:.1f} turns/s\n")
+    print(table(reports, physical))
+    if args.png:
+        _png(args.png, reports, title)
+        print(f"\nwrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
