@@ -60,6 +60,27 @@ def peak_within(intervals: list[tuple[float, float]], start: float, end: float) 
     return union_peak([(s, e) for s, e in clipped if s < e])
 
 
+def two_replicas_with_the_room_held(
+    redis_server: RedisServer, replicas: list[Replica], ttl: float
+) -> tuple[str, Replica, Replica]:
+    """Two replicas of a fresh limit of 4 (`command_timeout_s` 0.2 s): the first holds all 4
+    leases, the second is ready. Returns the key and both."""
+    key = new_key()
+    fleet = {
+        "url": redis_server.url,
+        "key": key,
+        "max_in_flight": 4,
+        "lease_ttl_s": ttl,
+        "command_timeout_s": 0.2,
+    }
+    holder, other = Replica(fleet, via="limit"), Replica(fleet, via="limit")
+    replicas.extend([holder, other])
+    holder.expect("ready")
+    other.expect("ready")
+    holder.ask({"cmd": "hold", "n": 4}, "held")
+    return key, holder, other
+
+
 def test_a_pause_longer_than_the_command_timeout_is_not_an_outage(
     redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
@@ -89,21 +110,9 @@ def test_a_pause_longer_than_the_command_timeout_is_not_an_outage(
 def test_no_turn_starts_on_a_grant_that_expired_while_its_replica_was_paused(
     redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
-    key = new_key()
     ttl = 1.0
-    fleet = {
-        "url": redis_server.url,
-        "key": key,
-        "max_in_flight": 4,
-        "lease_ttl_s": ttl,
-        "command_timeout_s": 0.2,
-    }
-    other, paused = Replica(fleet, via="limit"), Replica(fleet, via="limit")
-    replicas.extend([other, paused])
-    other.expect("ready")
-    paused.expect("ready")
+    key, other, paused = two_replicas_with_the_room_held(redis_server, replicas, ttl)
     r = redis_server.client()
-    other.ask({"cmd": "hold", "n": 4}, "held")
     paused.send({"cmd": "turns", "n": 8, "hold": 0.3, "tag": "paused"})
     wait_until(lambda: r.zcard(f"{{{key}}}:tickets") == 8, "the paused replica's 8 wait first")
     # Long enough that the room is still taken when the paused replica wakes.
@@ -129,21 +138,8 @@ def test_no_turn_starts_on_a_grant_that_expired_while_its_replica_was_paused(
 def test_a_killed_replicas_tickets_stop_receiving_room_within_a_command_timeout(
     redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
-    key = new_key()
-    ttl = 3.0
-    fleet = {
-        "url": redis_server.url,
-        "key": key,
-        "max_in_flight": 4,
-        "lease_ttl_s": ttl,
-        "command_timeout_s": 0.2,
-    }
-    other, dead = Replica(fleet, via="limit"), Replica(fleet, via="limit")
-    replicas.extend([other, dead])
-    other.expect("ready")
-    dead.expect("ready")
+    key, other, dead = two_replicas_with_the_room_held(redis_server, replicas, ttl=3.0)
     r = redis_server.client()
-    other.ask({"cmd": "hold", "n": 4}, "held")
     dead.send({"cmd": "turns", "n": 8, "hold": 0.3})
     wait_until(lambda: r.zcard(f"{{{key}}}:tickets") == 8, "the doomed replica's 8 wait first")
     other.send({"cmd": "turns", "n": 4, "hold": 0.2})
