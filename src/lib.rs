@@ -1,11 +1,14 @@
-//! admitgate: an admission gate for AI-agent gateways.
+//! admitgate: an admission gate for AI-agent gateways. This crate is the Python extension
+//! module `admitgate._admitgate` and nothing else.
 //!
-//! [`core`] is the pure-Rust gate (policy decisions, the state machine, the waiter queue and
-//! the RSS sampler); it knows nothing of Python. The PyO3 binding lives in `python` and is
-//! compiled only with the `python` feature, which maturin turns on.
+//! The pure-Rust gate (policy decisions, the state machine, the waiter queue and the RSS
+//! sampler) is [`admitgate_core`] (`crates/core`); it knows nothing of Python. The PyO3
+//! binding lives in `python` and is compiled only with the `python` feature, which maturin
+//! turns on; without it this crate is empty.
 //!
-//! Neither panics: the lints below are denied for the whole crate, core and binding alike
-//! (see "No panics" in [`core`]). Only the test hooks that panic on purpose are exempt.
+//! Neither panics: the lints below are denied for the binding, as `crates/core` denies them
+//! for the core (see "No panics" in [`admitgate_core`]). Only the test hooks that panic on
+//! purpose are exempt.
 
 // Denied outside tests only: tests unwrap and index to state what they expect, and a test
 // that panics is a test that fails.
@@ -23,8 +26,5 @@
     )
 )]
 
-pub mod core;
-
-pub mod overload;
 #[cfg(feature = "python")]
 mod python;

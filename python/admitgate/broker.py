@@ -10,9 +10,10 @@ The binary is looked up in this order: ``$ADMITGATE_BROKER`` (a path), ``admitga
 on ``PATH``, then the ``target/release`` and ``target/debug`` builds of a source checkout
 (``cargo build --release -p admitgate-broker``).
 
-Why a child process rather than the broker inside the extension module: today the broker
-links the core through the root crate, which is the extension module itself, so the module
-cannot link the broker back (a dependency cycle) until the core moves to ``crates/core``.
+Why a child process rather than the broker inside the extension module: the broker used to
+link the core through the root crate, which is the extension module itself, so the module
+could not link the broker back (a dependency cycle). The core is now its own crate
+(``crates/core``), so that cycle is gone; linking the broker in has not been done yet.
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ use super::admission::Admission;
 use super::args;
 use super::awaitables::thrown;
 use super::runtime::now;
-use crate::core::Overflow;
-use crate::overload::sim::{self, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario};
-use crate::overload::{CapacitySearch, CapacitySearchConfig, Discipline, LimitController};
+use admitgate_core::overload::sim::{
+    self, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario,
+};
+use admitgate_core::overload::{CapacitySearch, CapacitySearchConfig, Discipline, LimitController};
+use admitgate_core::Overflow;
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
     value

@@ -32,11 +32,11 @@ use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection;
 use super::runtime::{deadline_after, log, now, running_loop};
-use crate::core::gate::TurnEnd;
-use crate::core::passthrough::PassTicket;
-use crate::core::transport::TransportId;
-use crate::core::{Arrival, Rejection, TurnSlot, WaiterKey};
-use crate::overload::Outcome;
+use admitgate_core::gate::TurnEnd;
+use admitgate_core::overload::Outcome;
+use admitgate_core::passthrough::PassTicket;
+use admitgate_core::transport::TransportId;
+use admitgate_core::{Arrival, Rejection, TurnSlot, WaiterKey};
 
 /// The turn's slot: owned by the admission, or shared with the human-wait hook. The hook
 /// never holds the admission itself, so an admission abandoned without `__aexit__` is still
@@ -61,7 +61,7 @@ enum AdmissionState {
     Fresh,
     /// Let through by a gate with nothing to enforce: counted without its lock, and adopted
     /// by the gate if it enforces something before the turn ends (see
-    /// [`crate::core::passthrough`]).
+    /// [`admitgate_core::passthrough`]).
     PassThrough {
         ticket: PassTicket,
         /// The gate's epoch when the turn passed (see [`super::wake::Core::epoch`]).

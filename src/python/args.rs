@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
-use crate::core::policy::{check_count, check_threshold, ConfigError, Overflow};
+use admitgate_core::policy::{check_count, check_threshold, ConfigError, Overflow};
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
     value

@@ -24,8 +24,8 @@ use super::pressure_watch;
 use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
-use crate::core::transport::TransportId;
-use crate::core::{Claim, Registered, Rejection, WaiterKey};
+use admitgate_core::transport::TransportId;
+use admitgate_core::{Claim, Registered, Rejection, WaiterKey};
 
 /// An awaitable that is already finished: what `__aenter__`/`__aexit__` return on the fast
 /// path. Stateless, so one instance serves every caller.

@@ -19,8 +19,8 @@ use super::pressure_watch::{self, WATCH_INTERVAL};
 use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{Core, PyWaker, ThreadSignal};
-use crate::core::transport::TransportId;
-use crate::core::{Claim, Rejection, WaiterKey};
+use admitgate_core::transport::TransportId;
+use admitgate_core::{Claim, Rejection, WaiterKey};
 
 /// How long one wait lasts before the thread looks at signals again.
 const SLICE: Duration = Duration::from_millis(100);

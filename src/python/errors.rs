@@ -3,8 +3,8 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-pub use crate::core::unwind::catch_panic;
-use crate::core::ConfigError;
+pub use admitgate_core::unwind::catch_panic;
+use admitgate_core::ConfigError;
 
 pyo3::create_exception!(
     admitgate,

@@ -33,7 +33,7 @@
 //!
 //! What is left: a thread still inside after [`QUIESCE_TIMEOUT`] (a custom policy that
 //! blocks for seconds) is not waited for further; the last resort is
-//! [`catch_panic`](crate::core::unwind::catch_panic), which parks a thread that a forced
+//! [`catch_panic`](admitgate_core::unwind::catch_panic), which parks a thread that a forced
 //! unwind reaches instead of letting `catch_unwind` abort.
 
 use std::cell::{Cell, OnceCell};

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::wake::Core;
-use crate::core::rss::RssSampler;
+use admitgate_core::rss::RssSampler;
 
 static GATES: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
 static SAMPLERS: Mutex<Vec<Weak<RssSampler>>> = Mutex::new(Vec::new());

@@ -27,10 +27,10 @@ use super::pressure_watch;
 use super::resources::ResourceGate;
 use super::runtime::{deadline_after, log, now, running_loop};
 use super::wake::{Core, DrainWaiter, ThreadSignal};
-use crate::core::histogram::HistogramSnapshot;
-use crate::core::transport::TransportId;
-use crate::core::{ConcurrencyLimit, Decision, Overflow, Rejection};
-use crate::overload::Discipline;
+use admitgate_core::histogram::HistogramSnapshot;
+use admitgate_core::overload::Discipline;
+use admitgate_core::transport::TransportId;
+use admitgate_core::{ConcurrencyLimit, Decision, Overflow, Rejection};
 
 /// Gateway-wide admission gate: a concurrency ceiling, a bounded FIFO wait queue with
 /// per-scope lanes, overflow policies and memory-aware admission. Thread-safe; one gate

@@ -28,7 +28,7 @@ use super::errors::guard;
 use super::fleet::TurnLease;
 use super::runtime::running_loop;
 use super::wake::Core;
-use crate::core::TurnSlot;
+use admitgate_core::TurnSlot;
 
 static HUMAN_WAIT_SCOPE: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
 

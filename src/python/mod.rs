@@ -9,7 +9,7 @@
 //! standard library's own code. Every entry point catches that ([`errors::guard`]) and raises
 //! `admitgate.InternalError`; a waker that panics withdraws its turn, so the slot it was
 //! granted goes to the next waiter ([`wake`]), and the core's wake-ups carry on past it
-//! ([`crate::core::Wakes::run`]).
+//! ([`admitgate_core::Wakes::run`]).
 
 mod adaptive;
 mod admission;
@@ -73,8 +73,8 @@ mod _admitgate {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add(
             "DURATION_BUCKETS",
-            crate::core::histogram::DURATION_BUCKETS.to_vec(),
+            admitgate_core::histogram::DURATION_BUCKETS.to_vec(),
         )?;
-        m.add("MAX_TRANSPORTS", crate::core::transport::MAX_TRANSPORTS)
+        m.add("MAX_TRANSPORTS", admitgate_core::transport::MAX_TRANSPORTS)
     }
 }

@@ -10,7 +10,7 @@ use pyo3::types::PyTuple;
 
 use super::args::{self, Arg};
 use super::errors::{config_error, guard};
-use crate::core::policy::{ConcurrencyLimit, Decision, Facts, MemoryPressure};
+use admitgate_core::policy::{ConcurrencyLimit, Decision, Facts, MemoryPressure};
 
 static DECISIONS: PyOnceLock<[Py<PyAny>; 3]> = PyOnceLock::new();
 

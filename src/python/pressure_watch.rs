@@ -4,7 +4,7 @@
 //! the pressure eased lets the waiters it held back take them. Arrivals and releases sample,
 //! but when neither comes (a long turn runs, nobody arrives) the waiters were stranded until
 //! their queue timeout, with slots free. So while the core reports waiters held back
-//! ([`crate::core::Gate::held_back`]), someone re-samples every [`WATCH_INTERVAL`]:
+//! ([`admitgate_core::Gate::held_back`]), someone re-samples every [`WATCH_INTERVAL`]:
 //!
 //! * on an event loop, one [`PressureCheck`] per gate, a `call_later` callback that samples,
 //!   lets eased pressure start the waiters, and schedules itself again while waiters are still

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use crate::core::Rejection;
+use admitgate_core::Rejection;
 
 static REJECTION_CLASS: Mutex<Option<Py<PyType>>> = Mutex::new(None);
 static DEFAULT_REJECTION: PyOnceLock<Py<PyType>> = PyOnceLock::new();

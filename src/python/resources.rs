@@ -22,8 +22,8 @@ use super::errors::guard;
 use super::fork::register_sampler;
 use super::policy::{decision_from, not_a_decision, rss_of, PyMemoryPressurePolicy};
 use super::runtime::{log, now};
-use crate::core::rss::RssSampler;
-use crate::core::{Decision, MemoryPressure};
+use admitgate_core::rss::RssSampler;
+use admitgate_core::{Decision, MemoryPressure};
 
 /// Which resource policy the gate consults.
 enum ResourcePolicy {
@@ -449,9 +449,9 @@ impl PyRssSampler {
     fn source(&self) -> PyResult<&'static str> {
         guard(|| {
             Ok(match self.sampler.source() {
-                crate::core::rss::RssSource::Live => "live",
-                crate::core::rss::RssSource::Peak => "peak",
-                crate::core::rss::RssSource::Unavailable => "unavailable",
+                admitgate_core::rss::RssSource::Live => "live",
+                admitgate_core::rss::RssSource::Peak => "peak",
+                admitgate_core::rss::RssSource::Unavailable => "unavailable",
             })
         })
     }

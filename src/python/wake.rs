@@ -19,8 +19,8 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::errors::{catch_panic, guard};
 use super::pressure_watch::PressureWatch;
 use super::runtime::{log, now};
-use crate::core::transport::Transports;
-use crate::core::{ConcurrencyLimit, Gate, WaiterKey, Waker, Wakes};
+use admitgate_core::transport::Transports;
+use admitgate_core::{ConcurrencyLimit, Gate, WaiterKey, Waker, Wakes};
 
 /// The core plus what the binding must remember about waiters it has woken.
 pub struct Core {
@@ -87,7 +87,7 @@ impl Core {
         }
     }
 
-    /// Closes the gate (see [`crate::core::GateState::close`]): returns how many waiters were
+    /// Closes the gate (see [`admitgate_core::GateState::close`]): returns how many waiters were
     /// refused, and notifies drain waiters if nothing runs.
     pub fn begin_close(&self, py: Python<'_>) -> u64 {
         self.closing.store(true, Ordering::Release);

@@ -22,7 +22,7 @@ use std::sync::{Arc, Barrier};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
-use _admitgate::core::{
+use admitgate_core::{
     Arrival, Claim, ConcurrencyLimit, Decision, Gate, Registered, Rejection, TurnSlot, WaiterKey,
     Waker, Wakes,
 };

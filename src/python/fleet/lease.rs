@@ -8,10 +8,10 @@ use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use super::runtime;
-use crate::core::Rejection;
 use crate::python::awaitables::ready;
 use crate::python::errors::guard;
 use crate::python::rejection::rejection;
+use admitgate_core::Rejection;
 
 /// A lease on one slot of a fleet-wide cap, held while a turn runs.
 ///

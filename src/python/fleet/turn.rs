@@ -28,12 +28,12 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::lease::{Outcome, PyFleetLease};
 use super::limit::PyFleetLimit;
 use super::runtime;
-use crate::core::Rejection;
 use crate::python::admission::Admission;
 use crate::python::awaitables::{thrown, Wait};
 use crate::python::errors::guard;
 use crate::python::rejection::rejection;
 use crate::python::runtime::{now, running_loop};
+use admitgate_core::Rejection;
 
 /// How long a blocked thread waits before it looks at signals again.
 const SLICE: Duration = Duration::from_millis(100);

@@ -11,13 +11,15 @@
 //! * [`transport`]: per-front-door counters (JSON-RPC, REST, gRPC, direct calls).
 //! * [`histogram`]: lock-free duration histograms for request and queue-wait metrics.
 //! * [`unwind`]: catching panics without catching a thread's forced exit.
+//! * [`overload`]: overload control the gate consults (the adaptive ceiling, queue disciplines,
+//!   the service-time estimate) and the simulator that drives the real gate with them.
 //!
 //! Nothing here imports pyo3: the binding layer wraps these types.
 //!
 //! # No panics
 //!
 //! The core never panics: no `unwrap`, `expect`, `panic!`, unchecked indexing or overflowing
-//! arithmetic, which the crate root (`src/lib.rs`) denies and CI's `cargo clippy` enforces.
+//! arithmetic, which this crate's root (below) denies and CI's `cargo clippy` enforces.
 //! A case that could only arise from a bug is checked by `debug_assert!` (so tests catch it)
 //! and handled harmlessly in release builds (the `count` module says how for the counters).
 //! Every change to a gate's state happens under its one lock with no call out: wakers run,
@@ -29,9 +31,26 @@
 //! overflow does panic, but only past `isize::MAX` bytes, which allocation failure reaches
 //! first.)
 
+// Denied outside tests only: tests unwrap and index to state what they expect, and a test
+// that panics is a test that fails.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
+
 pub(crate) mod count;
 pub mod gate;
 pub mod histogram;
+pub mod overload;
 pub mod passthrough;
 pub mod policy;
 pub mod rank;

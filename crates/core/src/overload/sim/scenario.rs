@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::core::Overflow;
 use crate::overload::Discipline;
+use crate::Overflow;
 
 /// The LLM provider: a concurrency capacity that may change over time, a service time, and
 /// an immediate refusal (429) for any call beyond the capacity.

@@ -8,9 +8,9 @@ use parking_lot::Mutex;
 
 use super::super::{Arrival, Claim, Gate, Rejection, Stats, TurnSlot, WaiterKey, Waker, Wakes};
 use super::TurnEnd;
-use crate::core::policy::{ConcurrencyLimit, Decision};
 use crate::overload::sim::Rng;
 use crate::overload::{CapacitySearch, CapacitySearchConfig, Discipline, Outcome};
+use crate::policy::{ConcurrencyLimit, Decision};
 
 /// Notes which turn it woke.
 struct Note {

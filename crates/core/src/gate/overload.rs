@@ -18,11 +18,11 @@
 use std::time::Duration;
 
 use super::{GateState, Rejection, Wakes};
-use crate::core::count::increment;
-use crate::core::waiters::WaiterState;
+use crate::count::increment;
 use crate::overload::{
     Discipline, LimitController, Outcome, QueueDiscipline, QueueMode, Sample, ServiceTime,
 };
+use crate::waiters::WaiterState;
 
 /// How one turn ended, for the controller and the service-time estimate.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -267,7 +267,7 @@ impl<W> GateState<W> {
     /// ran out: it is refused for `reason`. `false` when it no longer waited.
     pub fn expire_for(
         &mut self,
-        key: crate::core::WaiterKey,
+        key: crate::WaiterKey,
         reason: Rejection,
         wakes: &mut Wakes<W>,
     ) -> bool {

@@ -12,7 +12,7 @@ use loom::thread;
 use std::time::Duration;
 
 use super::*;
-use crate::core::policy::ConcurrencyLimit;
+use crate::policy::ConcurrencyLimit;
 
 /// Counts wake-ups and unparks the waiting thread, so waiters block (as loom can model)
 /// instead of spinning.

@@ -9,12 +9,12 @@ use parking_lot::Mutex;
 
 use super::rng::Rng;
 use super::scenario::{Algorithm, Candidate, Ceiling, Scenario};
-use crate::core::gate::TurnEnd;
-use crate::core::{
-    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Rejection, TurnSlot, WaiterKey, Waker, Wakes,
-};
+use crate::gate::TurnEnd;
 use crate::overload::{
     Aimd, CapacitySearch, CapacitySearchConfig, Discipline, Gradient2, LimitController, Outcome,
+};
+use crate::{
+    Arrival, Claim, ConcurrencyLimit, Decision, Gate, Rejection, TurnSlot, WaiterKey, Waker, Wakes,
 };
 
 /// The width of one point of the timeline.

@@ -3,7 +3,7 @@
 //! [`ConcurrencyLimit::decide`] answers exactly as PraisonAI's `ConcurrencyLimitPolicy.decide`
 //! does for the same facts (the parity tests check every combination over small ranges), and
 //! [`MemoryPressure::evaluate`] is the documented soft/hard RSS ladder. The gate in
-//! [`crate::core::gate`] is what turns a decision into a running, waiting or rejected turn.
+//! [`crate::gate`] is what turns a decision into a running, waiting or rejected turn.
 
 use std::fmt;
 

@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::retry::{MEMORY_PRESSURE_RETRY, RETRY_MIN};
+use crate::retry::{MEMORY_PRESSURE_RETRY, RETRY_MIN};
 
 use super::*;
-use crate::core::policy::ConcurrencyLimit;
+use crate::policy::ConcurrencyLimit;
 
 /// Counts how often it was woken.
 #[derive(Clone, Default)]
