@@ -148,6 +148,20 @@ async def settle(rounds: int = 30) -> None:
         await asyncio.sleep(0)
 
 
+@pytest.fixture
+def replicas() -> Any:
+    """Fleet replica processes (``fleet_support.Replica``) a test starts: all are stopped,
+    and resumed first if paused, afterwards."""
+    import contextlib
+
+    started: list[Any] = []
+    yield started
+    for replica in started:
+        with contextlib.suppress(ProcessLookupError):
+            replica.signal(signal.SIGCONT)
+        replica.close()
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Any:
     """A real redis-server for the session: Debian's package (``scripts/redis-server`` installs

@@ -10,7 +10,6 @@ own instance. Every timing bound is generous: the tests must pass on a loaded 2-
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import logging
@@ -74,17 +73,6 @@ def assert_nothing_left(server: RedisServer, key: str) -> None:
     assert r.zcard(tickets(key)) == 0, r.zrange(tickets(key), 0, -1)
     for name in r.scan_iter(match=f"{{{key}}}:*"):
         assert r.pttl(name) > 0, f"{name} never expires"
-
-
-@pytest.fixture
-def replicas() -> Iterator[list[Replica]]:
-    """Replica processes a test starts; all are stopped (and resumed first) afterwards."""
-    started: list[Replica] = []
-    yield started
-    for replica in started:
-        with contextlib.suppress(ProcessLookupError):
-            replica.signal(signal.SIGCONT)
-        replica.close()
 
 
 @pytest.fixture(scope="module")

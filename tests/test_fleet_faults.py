@@ -10,7 +10,6 @@ after a pause, at most the turns that were running when it began run over the ca
 
 from __future__ import annotations
 
-import contextlib
 import random
 import signal
 import time
@@ -20,17 +19,6 @@ from typing import Any
 
 import pytest
 from fleet_support import RedisServer, Replica, redis_server_binary, union_peak
-
-
-@pytest.fixture
-def replicas() -> Iterator[list[Replica]]:
-    """Replica processes a test starts; all are stopped (and resumed first) afterwards."""
-    started: list[Replica] = []
-    yield started
-    for replica in started:
-        with contextlib.suppress(ProcessLookupError):
-            replica.signal(signal.SIGCONT)
-        replica.close()
 
 
 @pytest.fixture(scope="module")
