@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import types
+import warnings
 from typing import Any
 
 import pytest
@@ -146,6 +147,30 @@ async def settle(rounds: int = 30) -> None:
     """Let every ready callback and task run (waiters wake, losers clean up)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+def in_forked_child(check: Any) -> tuple[int, str]:
+    """Runs check() in a forked child; returns (exit code, message)."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code, message = 0, "ok"
+        try:
+            os.close(read_end)
+            check()
+        except BaseException as exc:  # reported to the parent
+            code, message = 1, f"{type(exc).__name__}: {exc}"
+        try:
+            os.write(write_end, message.encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    code = reap_child(pid, 20, poll=0.01)
+    with os.fdopen(read_end, "rb") as f:
+        message = f.read().decode(errors="replace")
+    return code, message
 
 
 @pytest.fixture

@@ -27,12 +27,11 @@ import sys
 import textwrap
 import threading
 import time
-import warnings
 
 import admitgate
 import pytest
 from admitgate._admitgate import _panic_inside_gate
-from conftest import reap_child, run, settle
+from conftest import in_forked_child, run, settle
 
 NAN, INF = math.nan, math.inf
 COUNT_ARGS = ("max_concurrent_runs", "queue_depth", "max_concurrent_runs_per_scope")
@@ -874,30 +873,6 @@ def test_loop_stopped_then_closed_hands_on_the_slot_it_was_granted():
 # -- 5. fork ---------------------------------------------------------------------------------
 
 
-def _in_forked_child(check):
-    """Runs check() in a forked child; returns (exit code, message)."""
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-        pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code, message = 0, "ok"
-        try:
-            os.close(read_end)
-            check()
-        except BaseException as exc:  # reported to the parent
-            code, message = 1, f"{type(exc).__name__}: {exc}"
-        try:
-            os.write(write_end, message.encode()[:4000])
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    code = reap_child(pid, 20, poll=0.01)
-    with os.fdopen(read_end, "rb") as f:
-        message = f.read().decode(errors="replace")
-    return code, message
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_fork_child_starts_with_an_empty_gate():
     gate = admitgate.build_admission_gate(
@@ -955,7 +930,7 @@ def test_fork_child_starts_with_an_empty_gate():
         s = gate.stats()
         assert (s["in_flight"], s["queued"], s["admitted"]) == (0, 0, 5), s
 
-    code, message = _in_forked_child(child)
+    code, message = in_forked_child(child)
     assert code == 0, message
     # The parent's gate was not touched by the child.
     assert gate.stats() == before
@@ -992,7 +967,7 @@ def test_fork_child_ignores_the_parents_turns_ending():
         s = gate.stats()
         assert (s["in_flight"], s["queued"]) == (0, 0), s
 
-    code, message = _in_forked_child(child)
+    code, message = in_forked_child(child)
     assert code == 0, message
     loop.run_until_complete(parent_turn.__aexit__(None, None, None))
     loop.close()

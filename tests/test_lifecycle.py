@@ -16,12 +16,11 @@ import textwrap
 import threading
 import time
 import uuid
-import warnings
 from typing import Any
 
 import admitgate
 import pytest
-from conftest import FakeSampler, reap_child, run, settle
+from conftest import FakeSampler, in_forked_child, run, settle
 
 WRAPPED = 2**63  # a count at or past this has wrapped below zero
 
@@ -277,30 +276,6 @@ def test_reconfigure_n_to_0_to_n_with_turns_running_queued_and_lending() -> None
 
 
 # -- fork ------------------------------------------------------------------------------------
-
-
-def in_forked_child(check: Any) -> tuple[int, str]:
-    """Runs check() in a forked child; returns (exit code, message)."""
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-        pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code, message = 0, "ok"
-        try:
-            os.close(read_end)
-            check()
-        except BaseException as exc:  # reported to the parent
-            code, message = 1, f"{type(exc).__name__}: {exc}"
-        try:
-            os.write(write_end, message.encode()[:4000])
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    code = reap_child(pid, 20, poll=0.01)
-    with os.fdopen(read_end, "rb") as f:
-        message = f.read().decode(errors="replace")
-    return code, message
 
 
 def never_wrapped(gate: Any) -> None:
