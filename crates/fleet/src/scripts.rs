@@ -303,23 +303,14 @@ impl Scripts {
             }
         }
         let reply: Vec<i64> = call.invoke_async(con).await?;
-        // The status, then one code per beat.
-        let codes = match reply.get(STATUS_LEN..) {
-            Some(codes) if codes.len() == beats.len() => codes,
-            _ => return Err(malformed(&reply)),
-        };
-        let mut results = Vec::with_capacity(beats.len());
-        for code in codes {
-            results.push(match code {
-                0 => BeatResult::Renewed,
-                1 => BeatResult::Retaken,
-                2 => BeatResult::Lost,
-                3 => BeatResult::Granted,
-                4 => BeatResult::Requeued,
-                _ => return Err(malformed(&reply)),
-            });
-        }
-        Ok((status(&reply)?, results))
+        status_and_codes(&reply, beats.len(), |code| match code {
+            0 => Some(BeatResult::Renewed),
+            1 => Some(BeatResult::Retaken),
+            2 => Some(BeatResult::Lost),
+            3 => Some(BeatResult::Granted),
+            4 => Some(BeatResult::Requeued),
+            _ => None,
+        })
     }
 
     /// This replica's cap, slice, lease TTL and claim window, as the heartbeat and claim
@@ -349,20 +340,30 @@ impl Scripts {
                 .arg(request.arrival_us.unwrap_or(-1));
         }
         let reply: Vec<i64> = call.invoke_async(con).await?;
-        let codes = match reply.get(STATUS_LEN..) {
-            Some(codes) if codes.len() == requests.len() => codes,
-            _ => return Err(malformed(&reply)),
-        };
-        let mut results = Vec::with_capacity(requests.len());
-        for code in codes {
-            results.push(match code {
-                1 => Claimed::Lease,
-                2 => Claimed::Waiting,
-                3 => Claimed::Expired,
-                4 => Claimed::ExpiredRegranted,
-                _ => return Err(malformed(&reply)),
-            });
-        }
-        Ok((status(&reply)?, results))
+        status_and_codes(&reply, requests.len(), |code| match code {
+            1 => Some(Claimed::Lease),
+            2 => Some(Claimed::Waiting),
+            3 => Some(Claimed::Expired),
+            4 => Some(Claimed::ExpiredRegranted),
+            _ => None,
+        })
     }
+}
+
+/// A batch script's reply: the status, then one code per item (`expected` of them), each
+/// decoded by `decode`; a reply of another length or with an unknown code is malformed.
+fn status_and_codes<T>(
+    reply: &[i64],
+    expected: usize,
+    decode: impl Fn(i64) -> Option<T>,
+) -> RedisResult<(FleetStatus, Vec<T>)> {
+    let codes = match reply.get(STATUS_LEN..) {
+        Some(codes) if codes.len() == expected => codes,
+        _ => return Err(malformed(reply)),
+    };
+    let results = codes
+        .iter()
+        .map(|&code| decode(code).ok_or_else(|| malformed(reply)))
+        .collect::<RedisResult<Vec<T>>>()?;
+    Ok((status(reply)?, results))
 }
