@@ -114,19 +114,7 @@ impl LimitController for Aimd {
 mod tests {
     use super::*;
 
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    fn sample(start: u64, end: u64, in_flight: u64, outcome: Outcome) -> Sample {
-        Sample {
-            started_at: ms(start),
-            ended_at: ms(end),
-            in_flight,
-            outcome,
-            remaining: None,
-        }
-    }
+    use crate::overload::test_support::{ms, sample};
 
     #[test]
     fn plus_one_per_window_at_the_limit_and_a_tenth_off_on_back_pressure() {

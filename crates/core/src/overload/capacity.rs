@@ -299,19 +299,7 @@ impl LimitController for CapacitySearch {
 mod tests {
     use super::*;
 
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    fn sample(start: u64, end: u64, in_flight: u64, outcome: Outcome) -> Sample {
-        Sample {
-            started_at: ms(start),
-            ended_at: ms(end),
-            in_flight,
-            outcome,
-            remaining: None,
-        }
-    }
+    use crate::overload::test_support::{ms, sample};
 
     const OK: Outcome = Outcome::Success;
     const REFUSED: Outcome = Outcome::Throttled { retry_after: None };

@@ -28,3 +28,27 @@ pub use discipline::{Discipline, QueueDiscipline, QueueMode};
 pub use gradient::Gradient2;
 pub use limit::{LimitController, Outcome, Sample};
 pub use service_time::ServiceTime;
+
+/// What the controllers' unit tests build their samples from.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::time::Duration;
+
+    use super::limit::{Outcome, Sample};
+
+    /// `n` milliseconds.
+    pub(crate) fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A call that ran from `start` to `end` ms with `in_flight` calls running when it began.
+    pub(crate) fn sample(start: u64, end: u64, in_flight: u64, outcome: Outcome) -> Sample {
+        Sample {
+            started_at: ms(start),
+            ended_at: ms(end),
+            in_flight,
+            outcome,
+            remaining: None,
+        }
+    }
+}
