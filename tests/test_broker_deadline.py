@@ -163,6 +163,7 @@ def test_a_queued_request_whose_deadline_passes_is_refused_before_the_agent_sees
             BUSY,
         )
         assert error["details"][0]["reason"] == "DEADLINE"
+        assert "retry-after" not in late.headers and len(error["details"]) == 1
         assert 0.28 < waited < 5, waited
         # A deadline already passed, on a request that would queue: refused at once, with
         # the JSON-RPC id echoed.
