@@ -170,7 +170,8 @@ impl Broker {
         let grpc = is_grpc(&request);
         let (mut parts, body) = request.into_parts();
         let path = decode_path(parts.uri.path());
-        let mut rest_tenant = false;
+        // The tenant the SDK's router takes from a REST path (`--tenant-from path`).
+        let mut route_tenant = None;
         let (verdict, transport, body) = if grpc {
             let gated = self.rules.grpc_gates(parts.uri.path());
             let verdict = if gated {
@@ -184,10 +185,11 @@ impl Broker {
                 Replayed::whole(body),
             )
         } else {
-            let kind = self.rules.kind(parts.method.as_str(), &path, "");
+            let reached = self.rules.route(parts.method.as_str(), &path, "");
+            let kind = reached.kind;
             match self.rules.route_verdict(kind) {
                 Some(verdict) => {
-                    rest_tenant = kind != Kind::Pass;
+                    route_tenant = reached.tenant;
                     let label = (kind != Kind::Pass).then_some(self.transports.rest);
                     (verdict, label, Replayed::whole(body))
                 }
@@ -210,7 +212,7 @@ impl Broker {
         let label = transport.map_or(RequestLabel::Passthrough, RequestLabel::Gated);
         let permit = match (&verdict, transport) {
             (Verdict::Gate { id }, Some(tid)) => {
-                let tenant = self.tenant(&parts.headers, &path, rest_tenant);
+                let tenant = self.tenant(&parts.headers, route_tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
                 match self.passage.admit_by(&tenant, tid, deadline).await {
                     Ok(permit) => {
@@ -263,16 +265,17 @@ impl Broker {
             .await)
     }
 
-    /// The tenant of a gated request, as `--tenant-from` says ("" for none).
-    fn tenant(&self, headers: &http::HeaderMap, path: &str, rest: bool) -> String {
+    /// The tenant of a gated request, as `--tenant-from` says ("" for none). `route_tenant`
+    /// is the one the SDK's router takes from a REST path (`None` off its tenant routes,
+    /// and for JSON-RPC and gRPC, whose paths have none).
+    fn tenant(&self, headers: &http::HeaderMap, route_tenant: Option<String>) -> String {
         match &self.config.tenant_from {
             TenantFrom::None => String::new(),
             TenantFrom::Header(name) => headers
                 .get(name)
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                 .unwrap_or_default(),
-            TenantFrom::Path if rest => path_tenant(path, &self.config.path_prefix),
-            TenantFrom::Path => String::new(),
+            TenantFrom::Path => route_tenant.unwrap_or_default(),
         }
     }
 
@@ -408,30 +411,6 @@ fn is_grpc<B>(request: &Request<B>) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The tenant segment of an A2A REST path: `/{tenant}/message:send` (after the prefix, or
-/// before it in the SDK's `/{tenant}<prefix>/...` layout); "" when the path has none.
-fn path_tenant(path: &str, prefix: &str) -> String {
-    let prefix = prefix.trim_end_matches('/');
-    let below = match path.strip_prefix(prefix) {
-        Some(rest) if !prefix.is_empty() && rest.starts_with('/') => rest,
-        _ => path,
-    };
-    let mut segments = below.trim_start_matches('/').split('/');
-    let first = segments.next().unwrap_or("");
-    let route_words = [
-        "message:send",
-        "message:stream",
-        "tasks",
-        "extendedAgentCard",
-        "v1",
-        "",
-    ];
-    if segments.next().is_none() || route_words.contains(&first) {
-        return String::new();
-    }
-    first.to_owned()
-}
-
 fn forwarded_for(headers: &mut http::HeaderMap, peer: SocketAddr) {
     let ip = peer.ip().to_string();
     let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
@@ -538,18 +517,4 @@ async fn drain(mut body: Replayed) -> bool {
     tokio::time::timeout(DRAIN_TIMEOUT, read_to_end)
         .await
         .unwrap_or(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tenants_from_paths() {
-        assert_eq!(path_tenant("/acme/message:send", ""), "acme");
-        assert_eq!(path_tenant("/message:send", ""), "");
-        assert_eq!(path_tenant("/tasks/abc:subscribe", ""), "");
-        assert_eq!(path_tenant("/a2a/acme/message:send", "/a2a"), "acme");
-        assert_eq!(path_tenant("/acme/a2a/message:send", "/a2a"), "acme");
-    }
 }

@@ -4,7 +4,8 @@
 //! in-process front doors (`admitgate.asgi`, `admitgate._a2a_routes`, `admitgate.grpc`):
 //!
 //! * [`routes`]: which A2A endpoint an HTTP request reaches, as Starlette routes the A2A
-//!   SDK's own routes (REST 1.0 and v0.3, tenant segments, the JSON-RPC endpoint).
+//!   SDK's own routes (REST 1.0 and v0.3, tenant segments, the JSON-RPC endpoint), and the
+//!   tenant the SDK's router takes from the path.
 //! * [`jsonrpc`]: the `method` and `id` of a JSON-RPC body, read as `json.loads` reads it,
 //!   whole within the peek limit, or from a bounded prefix (linear time, constant stack).
 //! * [`Rules`]: the method rule on top of both (work is gated, reads and cancellations
@@ -31,7 +32,7 @@ pub mod jsonrpc;
 pub mod routes;
 
 pub use jsonrpc::{parse_request, scan_head, Request, RpcId};
-pub use routes::{sdk_routers, Kind, Router};
+pub use routes::{sdk_routers, Kind, Reached, Router};
 
 /// The JSON-RPC methods that start or continue agent work (A2A 1.0 names, then v0.3 names).
 pub const JSONRPC_WORK_METHODS: [&str; 6] = [
@@ -103,6 +104,22 @@ impl Rules {
             .map(|router| router.kind(method, path, root_path))
             .max()
             .unwrap_or(Kind::Pass)
+    }
+
+    /// [`Rules::kind`] with the tenant the SDK's router takes from the path (its
+    /// `Mount("/{tenant}", ...)`), from the first layout that gives that kind.
+    pub fn route(&self, method: &str, path: &str, root_path: &str) -> Reached {
+        let mut best = Reached {
+            kind: Kind::Pass,
+            tenant: None,
+        };
+        for router in &self.routers {
+            let reached = router.route(method, path, root_path);
+            if reached.kind > best.kind {
+                best = reached;
+            }
+        }
+        best
     }
 
     /// Whether a request of `kind` is gated before its body is seen; `None` for JSON-RPC,
