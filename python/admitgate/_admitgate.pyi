@@ -607,6 +607,10 @@ class A2ARoutes:
     def kind(self, method: str, path: str, root_path: str) -> int:
         """0 passthrough, 1 read, 2 work, 3 the JSON-RPC endpoint: the strongest verdict of
         every layout the SDK builds."""
+    def tenant(self, method: str, path: str, root_path: str) -> str | None:
+        """The tenant the SDK's router takes from the path (its ``Mount("/{tenant}", ...)``)
+        in the layout that gives :meth:`kind`'s verdict; ``None`` off the tenant routes. The
+        broker's ``--tenant-from path``."""
 
 def _jsonrpc_request(
     body: bytes,

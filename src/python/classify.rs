@@ -2,6 +2,7 @@
 //! matched as Starlette matches it, which `admitgate.asgi` and the broker share, so the rules
 //! exist once.
 
+use admitgate_classify::routes::strongest;
 use admitgate_classify::{parse_request, sdk_routers, Kind, Router, RpcId};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -39,6 +40,13 @@ impl A2ARoutes {
                 .unwrap_or(Kind::Pass);
             Ok(kind as u8)
         })
+    }
+
+    /// The tenant the SDK's router takes from the path of `method path` below `root_path`
+    /// (its `Mount("/{tenant}", ...)`), in the layout that gives [`A2ARoutes::kind`]'s
+    /// verdict; `None` off the tenant routes. The broker's `--tenant-from path`.
+    fn tenant(&self, method: &str, path: &str, root_path: &str) -> PyResult<Option<String>> {
+        guard(|| Ok(strongest(&self.routers, method, path, root_path).tenant))
     }
 }
 

@@ -107,19 +107,9 @@ impl Rules {
     }
 
     /// [`Rules::kind`] with the tenant the SDK's router takes from the path (its
-    /// `Mount("/{tenant}", ...)`), from the first layout that gives that kind.
+    /// `Mount("/{tenant}", ...)`): see [`routes::strongest`].
     pub fn route(&self, method: &str, path: &str, root_path: &str) -> Reached {
-        let mut best = Reached {
-            kind: Kind::Pass,
-            tenant: None,
-        };
-        for router in &self.routers {
-            let reached = router.route(method, path, root_path);
-            if reached.kind > best.kind {
-                best = reached;
-            }
-        }
-        best
+        routes::strongest(&self.routers, method, path, root_path)
     }
 
     /// Whether a request of `kind` is gated before its body is seen; `None` for JSON-RPC,

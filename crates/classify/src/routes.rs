@@ -319,6 +319,19 @@ fn mount_end<'t>(pieces: &[Piece], text: &'t str) -> Option<(usize, Option<&'t s
     Some((pos, tenant))
 }
 
+/// What `method path` reaches in the strongest of `routers` (the layouts of
+/// [`sdk_routers`]), with the tenant of the first layout that gives that kind.
+pub fn strongest(routers: &[Router], method: &str, path: &str, root_path: &str) -> Reached {
+    let mut best = Reached::PASS;
+    for router in routers {
+        let reached = router.route(method, path, root_path);
+        if reached.kind > best.kind {
+            best = reached;
+        }
+    }
+    best
+}
+
 fn at(prefix: &str, routes: &[Route]) -> Vec<(String, &'static str, Kind)> {
     routes
         .iter()
@@ -407,15 +420,8 @@ mod tests {
     }
 
     fn tenant(prefix: &str, method: &str, path: &str) -> (Kind, Option<String>) {
-        let routers = sdk_routers(prefix, Some("/"));
-        let mut best = Reached::PASS;
-        for router in &routers {
-            let reached = router.route(method, path, "");
-            if reached.kind > best.kind {
-                best = reached;
-            }
-        }
-        (best.kind, best.tenant)
+        let reached = strongest(&sdk_routers(prefix, Some("/")), method, path, "");
+        (reached.kind, reached.tenant)
     }
 
     #[test]
