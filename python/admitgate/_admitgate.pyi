@@ -18,9 +18,11 @@ __all__ = [
     "MAX_TRANSPORTS",
     "A2ARoutes",
     "InternalError",
+    "_broker_main",
     "_fleet_runtime_running",
     "_invalidate_samplers",
     "_jsonrpc_request",
+    "_panic_in_next_broker",
     "_panic_in_next_wakes",
     "_panic_inside_gate",
     "_quiesce_at_exit",
@@ -47,6 +49,7 @@ __all__ = [
     "FleetLimit",
     "FleetLease",
     "LeaseWait",
+    "serve_broker",
     "__version__",
 ]
 
@@ -621,6 +624,63 @@ def _quiesce_at_exit() -> None: ...
 def _resolve_waiter(fut: Any) -> None: ...
 def _panic_inside_gate(gate: AdmissionGate) -> None: ...
 def _panic_in_next_wakes(count: int) -> None: ...
+def _panic_in_next_broker() -> None:
+    """Makes the next broker to start panic inside its own task (for admitgate's tests)."""
+
+def _broker_main(argv: list[str]) -> int:
+    """``python -m admitgate broker``: ``argv`` (the program name first) parsed as the
+    ``admitgate-broker`` binary parses its own, then the broker run as :func:`serve_broker`
+    runs it; returns the exit code (0 after the drain or ``--help``, 2 for a bad flag)."""
+
+def serve_broker(
+    *,
+    upstream: str | None = None,
+    listen: str | None = None,
+    grpc_upstream: str | None = None,
+    max_in_flight: int | None = None,
+    queue_depth: int | None = None,
+    overflow_policy: Literal["reject", "queue", "shed_oldest"] | None = None,
+    queue_timeout: float | None = None,
+    max_in_flight_per_tenant: int | None = None,
+    tenant_from: str | None = None,
+    gate_methods: Literal["work", "all"] | None = None,
+    path_prefix: str | None = None,
+    jsonrpc_path: str | None = None,
+    max_peek_bytes: int | None = None,
+    fleet: str | None = None,
+    fleet_key: str | None = None,
+    fleet_on_error: Literal["local", "reject"] | None = None,
+    fleet_tls_ca_file: str | os.PathLike[str] | None = None,
+    metrics_listen: str | None = None,
+    drain_timeout: float | None = None,
+    first_bytes_timeout: float | None = None,
+    upstream_idle_timeout: float | None = None,
+    upstream_max_idle: int | None = None,
+    memory_soft_ratio: float | None = None,
+    memory_hard_ratio: float | None = None,
+    memory_cgroup: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+) -> None:
+    """Runs the broker in this process, in front of ``upstream``, until SIGTERM or SIGINT and
+    its drain; blocks the calling thread with the GIL released (``admitgate.broker.serve``).
+
+    Each keyword is the broker flag of that name with ``_`` for ``-`` (``--max-in-flight``
+    is ``max_in_flight``; ``admitgate-broker --help`` describes them all); ``None`` leaves a
+    setting to the YAML file named by ``config``, then to the default. Addresses are
+    ``"IP:port"`` strings; port 0 picks a free port (the ``listening`` log line on stderr
+    says which).
+
+    Returns ``None`` after a drain started by SIGTERM (when its handler was the default).
+    A signal handler that raises (SIGINT's default raises ``KeyboardInterrupt``) starts the
+    same drain, and its exception is raised once the drain is over; a second one during the
+    drain cuts it short and is raised at once. Handlers are as they were when this returns.
+
+    Raises ``TypeError``/``ValueError`` naming a bad argument and its value (the binary's
+    messages; a ``fleet`` URL is never shown), ``OSError`` (with its errno) naming the
+    address that cannot be bound, ``RuntimeError`` when called from a thread other than the
+    main thread or while a broker already serves in this process, and
+    :class:`InternalError` if the broker panics.
+    """
 def _simulate(scenario: dict[str, Any], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs each candidate gate in the scenario in the overload simulator (virtual time)."""
 
