@@ -681,6 +681,7 @@ def serve_broker(
     main thread or while a broker already serves in this process, and
     :class:`InternalError` if the broker panics.
     """
+
 def _simulate(scenario: dict[str, Any], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs each candidate gate in the scenario in the overload simulator (virtual time)."""
 
