@@ -147,9 +147,9 @@ fn broker_error(error: Error) -> PyErr {
         },
         Error::Settings(message) => PyValueError::new_err(message.clone()),
         Error::Start(message) => PyRuntimeError::new_err(message.clone()),
-        Error::Panicked(message) => InternalError::new_err(format!(
-            "admitgate internal error (Rust panic): {message}"
-        )),
+        Error::Panicked(message) => {
+            InternalError::new_err(format!("admitgate internal error (Rust panic): {message}"))
+        }
     }
 }
 
@@ -242,9 +242,7 @@ fn run(py: Python<'_>, config: Config) -> PyResult<()> {
 }
 
 fn serve_until_stopped(py: Python<'_>, config: Config, requested: &AtomicBool) -> PyResult<()> {
-    let mut running = py
-        .detach(|| Running::start(config))
-        .map_err(broker_error)?;
+    let mut running = py.detach(|| Running::start(config)).map_err(broker_error)?;
     // The exception that started the drain, raised once it is over.
     let mut raised: Option<PyErr> = None;
     let mut draining = false;
@@ -361,8 +359,7 @@ pub fn serve_broker(
             drain_timeout: number("drain_timeout", &drain_timeout)?,
             first_bytes_timeout: number("first_bytes_timeout", &first_bytes_timeout)?,
             upstream_idle_timeout: number("upstream_idle_timeout", &upstream_idle_timeout)?,
-            upstream_max_idle: count("upstream_max_idle", &upstream_max_idle)?
-                .map(|n| n as usize),
+            upstream_max_idle: count("upstream_max_idle", &upstream_max_idle)?.map(|n| n as usize),
             memory_soft_ratio: number("memory_soft_ratio", &memory_soft_ratio)?,
             memory_hard_ratio: number("memory_hard_ratio", &memory_hard_ratio)?,
             memory_cgroup: path("memory_cgroup", &memory_cgroup)?,

@@ -74,7 +74,8 @@ impl UpstreamHealth {
 
     /// Whether the upstream counts as up at `at` (see the module documentation).
     pub fn is_up_at(&self, at: Instant) -> bool {
-        self.silent_for(at).is_some_and(|silent| silent < DOWN_AFTER)
+        self.silent_for(at)
+            .is_some_and(|silent| silent < DOWN_AFTER)
     }
 
     /// Whether the upstream counts as up now.
@@ -119,6 +120,9 @@ mod tests {
         assert!(health.is_up_at(at(10_001)));
         // An answer recorded late, for an earlier time, does not move the last answer back.
         health.answered_at(at(9_000));
-        assert_eq!(health.silent_for(at(10_500)), Some(Duration::from_millis(500)));
+        assert_eq!(
+            health.silent_for(at(10_500)),
+            Some(Duration::from_millis(500))
+        );
     }
 }
