@@ -207,6 +207,39 @@ print(result, counted[0])
     assert int(counted) > 100_000, counted
 
 
+def test_a_child_forked_while_serving_gets_its_handlers_back_and_may_serve(agent: Any) -> None:
+    """A thread forks while serve() blocks the main thread. The child has no broker: SIGTERM
+    is at its default again (it would be ignored otherwise) and serve() there gets as far as
+    binding (a port in use: OSError), not "already running"."""
+    code = f"""
+import os, signal, socket, threading, time
+import admitgate.broker
+
+def fork_then_stop():
+    time.sleep(0.5)
+    pid = os.fork()
+    if pid == 0:
+        default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            try:
+                admitgate.broker.serve(upstream="http://127.0.0.1:9",
+                                       listen="%s:%d" % taken.getsockname())
+                outcome = "returned"
+            except Exception as exc:
+                outcome = type(exc).__name__
+        os.write(1, f"child {{default}} {{outcome}}\\n".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=fork_then_stop).start()
+print("parent", admitgate.broker.serve(upstream={agent.url!r}, listen="127.0.0.1:0"))
+"""
+    assert python(code).stdout.splitlines() == ["child True OSError", "parent None"]
+
+
 def test_serve_twice_in_a_row_and_never_twice_at_once(agent: Any) -> None:
     """A SIGUSR1 handler calling serve() while it serves gets RuntimeError, which (raised by
     a handler) drains the first broker and is raised from it; serve() then runs again."""

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admitgate_broker::{Config, Error, Flags, Running};
+use parking_lot::Mutex;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyString};
@@ -46,6 +47,11 @@ const SLICE: Duration = Duration::from_millis(100);
 
 /// Set while a broker serves in this process.
 static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// The signal handlers the serving broker replaced, to put back when it ends (or in a forked
+/// child, which has no broker). Locked only while attached, never across a call into Python,
+/// so a forked child never inherits it locked.
+static REPLACED: Mutex<Vec<(i32, Py<PyAny>)>> = Mutex::new(Vec::new());
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
     value
@@ -166,41 +172,46 @@ impl DrainOnSignal {
     }
 }
 
-/// The handlers serve() replaced, put back by [`SignalHandlers::restore`].
-struct SignalHandlers {
-    replaced: Vec<(i32, Py<PyAny>)>,
+/// For SIGTERM and SIGINT left at `SIG_DFL`: a handler that sets `requested`, the previous
+/// one kept in [`REPLACED`].
+fn install_handlers(py: Python<'_>, requested: &Arc<AtomicBool>) -> PyResult<()> {
+    let signal = py.import("signal")?;
+    let default = signal.getattr("SIG_DFL")?;
+    let handler = Py::new(
+        py,
+        DrainOnSignal {
+            requested: requested.clone(),
+        },
+    )?;
+    for name in ["SIGTERM", "SIGINT"] {
+        let signum: i32 = signal.getattr(name)?.extract()?;
+        let previous = signal.call_method1("getsignal", (signum,))?;
+        if previous.eq(&default)? {
+            signal.call_method1("signal", (signum, handler.clone_ref(py)))?;
+            REPLACED.lock().push((signum, previous.unbind()));
+        }
+    }
+    Ok(())
 }
 
-impl SignalHandlers {
-    /// For SIGTERM and SIGINT left at `SIG_DFL`: a handler that sets `requested`.
-    fn install(py: Python<'_>, requested: &Arc<AtomicBool>) -> PyResult<Self> {
-        let signal = py.import("signal")?;
-        let default = signal.getattr("SIG_DFL")?;
-        let handler = Py::new(
-            py,
-            DrainOnSignal {
-                requested: requested.clone(),
-            },
-        )?;
-        let mut replaced = Vec::new();
-        for name in ["SIGTERM", "SIGINT"] {
-            let signum: i32 = signal.getattr(name)?.extract()?;
-            let previous = signal.call_method1("getsignal", (signum,))?;
-            if previous.eq(&default)? {
-                signal.call_method1("signal", (signum, handler.clone_ref(py)))?;
-                replaced.push((signum, previous.unbind()));
-            }
-        }
-        Ok(Self { replaced })
+/// Puts back the handlers [`install_handlers`] replaced.
+fn restore_handlers(py: Python<'_>) -> PyResult<()> {
+    let replaced = std::mem::take(&mut *REPLACED.lock());
+    let signal = py.import("signal")?;
+    for (signum, previous) in replaced {
+        signal.call_method1("signal", (signum, previous))?;
     }
+    Ok(())
+}
 
-    fn restore(self, py: Python<'_>) -> PyResult<()> {
-        let signal = py.import("signal")?;
-        for (signum, previous) in self.replaced {
-            signal.call_method1("signal", (signum, previous))?;
-        }
-        Ok(())
+/// In a freshly forked child: the parent's broker is not the child's (its runtime's threads
+/// do not exist here), so the child gets the handlers back and may serve a broker of its own.
+/// Without this, a child forked while its parent served would ignore SIGTERM.
+pub fn reset_after_fork(py: Python<'_>) -> PyResult<()> {
+    if SERVING.swap(false, Ordering::SeqCst) {
+        restore_handlers(py)?;
     }
+    Ok(())
 }
 
 fn in_main_thread(py: Python<'_>) -> PyResult<bool> {
@@ -235,9 +246,9 @@ fn run(py: Python<'_>, config: Config) -> PyResult<()> {
     let _serving = Serving;
     let requested = Arc::new(AtomicBool::new(false));
     // Before the broker listens, so a SIGTERM right after start-up drains too.
-    let handlers = SignalHandlers::install(py, &requested)?;
-    let served = serve_until_stopped(py, config, &requested);
-    let restored = handlers.restore(py);
+    let installed = install_handlers(py, &requested);
+    let served = installed.and_then(|()| serve_until_stopped(py, config, &requested));
+    let restored = restore_handlers(py);
     served.and(restored)
 }
 
