@@ -254,6 +254,15 @@ fn run(py: Python<'_>, config: Config) -> PyResult<()> {
 
 fn serve_until_stopped(py: Python<'_>, config: Config, requested: &AtomicBool) -> PyResult<()> {
     let mut running = py.detach(|| Running::start(config)).map_err(broker_error)?;
+    let outcome = wait_for_the_end(py, &mut running, requested);
+    // The runtime's threads are waited for detached (they never need the GIL, but the
+    // process's other threads may).
+    py.detach(move || drop(running));
+    outcome
+}
+
+/// Waits for `running` to end, starting its drain when a signal asks for it.
+fn wait_for_the_end(py: Python<'_>, running: &mut Running, requested: &AtomicBool) -> PyResult<()> {
     // The exception that started the drain, raised once it is over.
     let mut raised: Option<PyErr> = None;
     let mut draining = false;
@@ -267,8 +276,8 @@ fn serve_until_stopped(py: Python<'_>, config: Config, requested: &AtomicBool) -
         }
         if let Err(exception) = py.check_signals() {
             if draining {
-                // Asked twice: cut the drain.
-                py.detach(|| running.abort());
+                // Asked twice: the drain is cut (the caller drops the runtime, and every
+                // connection still open with it).
                 return Err(exception);
             }
             raised = Some(exception);

@@ -280,7 +280,8 @@ pub fn run(config: Config) -> Result<(), Error> {
 pub struct Running {
     runtime: Option<tokio::runtime::Runtime>,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// The serving task, until it has ended.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
@@ -291,7 +292,7 @@ impl Running {
         let runtime = runtime()?;
         let bound = runtime.block_on(Bound::new(config))?;
         let (stop, stopped) = watch::channel(false);
-        let task = runtime.spawn(bound.serve(stopped));
+        let task = Some(runtime.spawn(bound.serve(stopped)));
         Ok(Self {
             runtime: Some(runtime),
             stop,
@@ -306,29 +307,29 @@ impl Running {
     }
 
     /// Waits up to `timeout` for the broker to end: `None` while it still serves or drains,
-    /// then how it ended (a panic of its task is [`Error::Panicked`]).
+    /// then how it ended (a panic of its task is [`Error::Panicked`]), then `Ok` for good.
     pub fn wait(&mut self, timeout: Duration) -> Option<Result<(), Error>> {
-        let runtime = self.runtime.as_ref()?;
-        let task = &mut self.task;
-        match runtime.block_on(async { tokio::time::timeout(timeout, task).await }) {
-            Err(_elapsed) => None,
-            Ok(Ok(())) => Some(Ok(())),
-            Ok(Err(join)) => Some(Err(Error::Panicked(panic_message(join)))),
-        }
-    }
-
-    /// Ends the broker now, without waiting for its drain: every connection and request still
-    /// open is cut (their slots are released as their tasks are dropped).
-    pub fn abort(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(1));
-        }
+        let (Some(runtime), Some(task)) = (self.runtime.as_ref(), self.task.as_mut()) else {
+            return Some(Ok(()));
+        };
+        let ended = match runtime.block_on(async { tokio::time::timeout(timeout, task).await }) {
+            Err(_elapsed) => return None,
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(join)) => Err(Error::Panicked(panic_message(join))),
+        };
+        self.task = None;
+        Some(ended)
     }
 }
 
+/// Dropping a [`Running`] ends the broker at once, without waiting for its drain: every
+/// connection and request still open is cut (their slots are released as their tasks are
+/// dropped). Blocks for at most a second, for the runtime's threads.
 impl Drop for Running {
     fn drop(&mut self) {
-        self.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
     }
 }
 
@@ -365,5 +366,44 @@ pub mod test_hooks {
         if PANIC_NEXT_SERVE.swap(false, Ordering::Relaxed) {
             panic!("deliberate panic in the broker's task, for a test");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listen: &str) -> Config {
+        Config::from_args(["b", "--upstream", "http://127.0.0.1:9", "--listen", listen]).unwrap()
+    }
+
+    #[test]
+    fn running_serves_until_stopped_then_drains() {
+        let mut running = Running::start(config("127.0.0.1:0")).unwrap();
+        assert!(running.wait(Duration::from_millis(50)).is_none());
+        running.stop();
+        assert!(matches!(
+            running.wait(Duration::from_secs(10)),
+            Some(Ok(()))
+        ));
+        // Asked again once it has ended: still ended.
+        assert!(matches!(running.wait(Duration::ZERO), Some(Ok(()))));
+    }
+
+    #[test]
+    fn a_port_in_use_names_the_setting_and_the_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let Err(error) = Running::start(config(&addr.to_string())) else {
+            panic!("bound a port in use");
+        };
+        assert!(matches!(
+            error,
+            Error::Bind {
+                setting: "listen",
+                ..
+            }
+        ));
+        assert!(error.to_string().starts_with(&format!("listen {addr}: ")));
     }
 }
