@@ -165,7 +165,7 @@ def test_a_second_interrupt_cuts_the_drain(agent: Any) -> None:
         agent.latches[key].release()
         broker.kill()
     assert ended(broker) == [{"raised": "KeyboardInterrupt", "message": ""}]
-    assert broker.events("drained") == []
+    assert broker.events("drained") == [] and len(broker.events("drain_cut")) == 1
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:

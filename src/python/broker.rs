@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_broker::{Config, Error, Flags, Running};
+use admitgate_broker::{logging, Config, Error, Flags, Running};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -278,6 +278,14 @@ fn wait_for_the_end(py: Python<'_>, running: &mut Running, requested: &AtomicBoo
             if draining {
                 // Asked twice: the drain is cut (the caller drops the runtime, and every
                 // connection still open with it).
+                logging::line(
+                    "warning",
+                    "drain_cut",
+                    &[(
+                        "why",
+                        logging::text("a signal handler raised during the drain"),
+                    )],
+                );
                 return Err(exception);
             }
             raised = Some(exception);
