@@ -13,7 +13,8 @@
 //!   admit, forward, upgrades), [`body`] (the permit held until the response body ends),
 //!   [`headers`] (hop-by-hop), [`refusal`] (the refusal answers), [`metrics`] (`/metrics`,
 //!   `/livez`, `/readyz`), [`readiness`] (whether the agent answers), [`memory`] (the agent
-//!   container's cgroup memory), [`logging`].
+//!   container's cgroup memory), [`logging`], [`deadline`] (the caller's deadline, from its
+//!   headers).
 //!
 //! Two ways to run it: [`run`] (the standalone binary: its own runtime and SIGTERM / SIGINT
 //! handlers) and [`Running`] (stopped from outside: the Python binding's
@@ -42,6 +43,7 @@
 
 pub mod body;
 pub mod config;
+pub mod deadline;
 pub mod headers;
 pub mod logging;
 pub mod memory;
