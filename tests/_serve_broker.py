@@ -5,7 +5,8 @@ class name, "message": str(exception)}``.
 
 ``--then-serve-again`` (first) calls serve() a second time with the same keywords once the
 first call has ended, and prints the second outcome too. ``--reenter-on-sigusr1`` installs a
-SIGUSR1 handler that calls serve() while it serves.
+SIGUSR1 handler that calls serve() while it serves. ``--own-sigterm-handler`` installs a
+SIGTERM handler that returns the first time and raises ``SystemExit(3)`` the second.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def outcome(keywords: dict[str, Any]) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    again = "--then-serve-again" in argv
-    reenter = "--reenter-on-sigusr1" in argv
-    flags = [a for a in argv if a not in ("--then-serve-again", "--reenter-on-sigusr1")]
+    switches = ("--then-serve-again", "--reenter-on-sigusr1", "--own-sigterm-handler")
+    again, reenter, own_sigterm = (switch in argv for switch in switches)
+    flags = [a for a in argv if a not in switches]
     keywords = {
         flag.removeprefix("--").replace("-", "_"): value
         for flag, value in zip(flags[::2], flags[1::2], strict=True)
@@ -41,6 +42,15 @@ def main(argv: list[str]) -> int:
             admitgate.broker.serve(**keywords)
 
         signal.signal(signal.SIGUSR1, serve_again)
+    if own_sigterm:
+        seen: list[int] = []
+
+        def second_time_exit(signum: int, frame: FrameType | None) -> None:
+            seen.append(signum)
+            if len(seen) == 2:
+                raise SystemExit(3)
+
+        signal.signal(signal.SIGTERM, second_time_exit)
     print(json.dumps(outcome(keywords)), flush=True)
     if again:
         print(json.dumps(outcome(keywords)), flush=True)

@@ -177,6 +177,24 @@ def python(code: str) -> subprocess.CompletedProcess[str]:
     return child
 
 
+def test_a_handler_of_the_callers_own_decides(agent: Any) -> None:
+    """serve() leaves a SIGTERM handler the caller installed in place: while it returns, the
+    broker serves on; when it raises, the broker drains and the exception comes out."""
+    broker = serve("--own-sigterm-handler", "--upstream", agent.url)
+    try:
+        broker.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # three signal checks
+        assert broker.gauge("broker_draining") == 0
+        key, call = hold(agent, broker)  # still admitting
+        agent.latches[key].release()
+        call.join(10)
+        assert broker.stop(signal.SIGTERM) == 0
+    finally:
+        broker.kill()
+    assert ended(broker) == [{"raised": "SystemExit", "message": "3"}]
+    assert broker.events("drained")[0]["all_requests_finished"] is True
+
+
 def test_other_python_threads_run_while_serve_blocks(agent: Any) -> None:
     """A thread counting in pure Python makes progress while serve() blocks the main thread,
     then stops the broker with SIGTERM. If serve() held the GIL, the thread would never wake
