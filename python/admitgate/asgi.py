@@ -103,10 +103,12 @@ from ._frontdoor import (
     GATE_METHODS,
     JSONRPC_REJECTED_CODE,
     REASON_KEY,
+    THROTTLED_KEY,
     RequestSlot,
     checked_session,
     header_deadline_s,
     refusal,
+    throttle_hint,
     whole_seconds,
 )
 
@@ -137,6 +139,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _RETRY_INFO_TYPE: Final = "type.googleapis.com/google.rpc.RetryInfo"
 _REASON_HEADER: Final = REASON_KEY.encode()
+_THROTTLED_HEADER: Final = THROTTLED_KEY.encode()
 
 # What a request is, as far as the gate is concerned.
 _PASS: Final = PASS  # not an A2A endpoint: passthrough
@@ -260,6 +263,18 @@ async def _wait_unless_gone(entry: Any, receive: Receive, body: _Body, allowance
             watcher.cancel()
         steps.close()
         raise
+
+
+def _take_throttle_header(message: Message, slot: RequestSlot) -> Message:
+    """``message`` (an ``http.response.start``) without :data:`THROTTLED_KEY`, reported to
+    ``slot`` if the app set it."""
+    headers = message.get("headers") or ()
+    for name, value in headers:
+        if name.lower() == _THROTTLED_HEADER:
+            slot.report_throttled(throttle_hint(value))
+            kept = [(n, v) for n, v in headers if n.lower() != _THROTTLED_HEADER]
+            return {**message, "headers": kept}
+    return message
 
 
 def _check_retry_after(retry_after: object) -> float | None:
@@ -494,17 +509,31 @@ class AdmissionMiddleware:
                     await request_slot.end_request()
                 return message
 
+            status = 0
+
             async def gated_send(message: Message) -> None:
-                nonlocal end
+                nonlocal end, status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    message = _take_throttle_header(message, request_slot)
                 try:
                     await send(message)
                 finally:
                     if message["type"] == "http.response.body" and not message.get("more_body"):
                         end = perf_counter()
-                        await request_slot.end_request()
+                        # An error answer's slot is held until the app returns: a framework
+                        # that turns an exception into a 500 sends it first, then re-raises
+                        # (Starlette's ServerErrorMiddleware), and the turn ends with it.
+                        if status < 500:
+                            await request_slot.end_request()
 
             token = CURRENT_SLOT.set(slot)
-            await self.app(scope, gated_receive, gated_send)
+            try:
+                await self.app(scope, gated_receive, gated_send)
+            except BaseException as exc:
+                # As `async with gate.admit()` sees it: a throttle_on type is a 429 signal.
+                slot.saw(exc)
+                raise
         finally:
             if token is not None:
                 CURRENT_SLOT.reset(token)
