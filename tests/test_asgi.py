@@ -476,7 +476,7 @@ def test_refusals_echo_the_id_as_the_sdk_does(env: Any, front: Any) -> None:
         (json.dumps(jsonrpc("SendMessage", params, "\ud800")).encode(), None),
         (
             json.dumps(
-                {**jsonrpc("SendMessage", params, 5), "x": "\udc00"}, ensure_ascii=False
+                jsonrpc("SendMessage", {**params, "x": "\udc00"}, 5), ensure_ascii=False
             ).encode("utf-16", "surrogatepass"),
             5,
         ),

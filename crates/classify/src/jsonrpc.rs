@@ -52,6 +52,37 @@ enum Value {
     Other,
 }
 
+/// How many bytes at the start of `bytes` can sit in a JSON string as they are: none of `"`,
+/// `\` or a control character. Eight bytes at a time: each test below is nonzero when some
+/// byte of the word matches (the usual "has a zero byte" trick; it may also flag bytes past
+/// the first match, never a word without one), and the word that flags is finished byte by
+/// byte, so the answer is exact.
+fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let quote = ONES.wrapping_mul(u64::from(b'"'));
+    let backslash = ONES.wrapping_mul(u64::from(b'\\'));
+    let control = ONES.wrapping_mul(0x20);
+    let mut words = 0usize;
+    for chunk in bytes.chunks_exact(8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let below_space = x.wrapping_sub(control) & !x & HIGH;
+        if below_space | has_zero(x ^ quote) | has_zero(x ^ backslash) != 0 {
+            break;
+        }
+        words = words.saturating_add(8);
+    }
+    let tail = bytes.get(words..).unwrap_or_default();
+    let plain = tail
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .unwrap_or(tail.len());
+    words.saturating_add(plain)
+}
+
 struct Scanner<'a> {
     bytes: &'a [u8],
     pos: usize,
@@ -107,7 +138,15 @@ impl<'a> Scanner<'a> {
         let mut out = Vec::new();
         let mut lone_surrogate = false;
         loop {
-            let c = self.peek().ok_or(())?;
+            // The plain run up to the next quote, backslash or control character, in one
+            // pass (most of a body is such runs: message text).
+            let rest = self.bytes.get(self.pos..).unwrap_or_default();
+            let run = plain_run(rest);
+            if keep {
+                out.extend_from_slice(rest.get(..run).unwrap_or_default());
+            }
+            self.pos = self.pos.saturating_add(run);
+            let c = self.peek().ok_or(())?; // none: the string does not end
             self.bump();
             match c {
                 b'"' => break,
@@ -160,13 +199,9 @@ impl<'a> Scanner<'a> {
                         out.extend_from_slice(decoded.encode_utf8(&mut buf).as_bytes());
                     }
                 }
-                // strict=True: control characters must be escaped.
-                0..=0x1f => return Err(()),
-                _ => {
-                    if keep {
-                        out.push(c);
-                    }
-                }
+                // strict=True: control characters must be escaped (the run stops only at
+                // these three kinds of byte).
+                _ => return Err(()),
             }
         }
         // Raw lone surrogates (or, in a cut head, bytes that are not UTF-8) fail here.
@@ -629,6 +664,21 @@ mod tests {
             (Some("\u{1f600}"), Some(RpcId::Null))
         );
         assert_eq!(parse_request(b"{\"a\":\"\xed\xa0\"}"), None);
+    }
+
+    #[test]
+    fn plain_runs_stop_at_the_first_special_byte() {
+        for len in 0..40 {
+            for special in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                for at in 0..=len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes.extend_from_slice(&[0xff, 0x80, b' ', 0x7f]);
+                    bytes.insert(at, special);
+                    assert_eq!(plain_run(&bytes), at, "{len} {special} {at}");
+                }
+            }
+            assert_eq!(plain_run(&vec![0xe9; len]), len);
+        }
     }
 
     #[test]
