@@ -362,3 +362,11 @@ def test_the_sdk_grpc_handler_over_gated_executor_reports_the_throttle() -> None
     assert gate.limit < INITIAL
     stats = gate.stats()
     assert stats["in_flight"] == 0 and stats["admitted"] == 1
+
+
+def test_the_throttled_marks_value_is_seconds_or_no_hint() -> None:
+    from admitgate._frontdoor import throttle_hint
+
+    assert throttle_hint(b"2.5") == 2.5 and throttle_hint("1") == 1.0 and throttle_hint(b" 0 ") == 0
+    for bad in (b"", b"yes", b"-1", b"1e3", "\u0663".encode(), b"86401", b"1.2.3", b"9" * 17):
+        assert throttle_hint(bad) is None, bad

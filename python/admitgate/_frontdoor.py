@@ -13,6 +13,8 @@ another's private names:
   :data:`admitgate.REJECTION_REASONS`, the retry hint, rounded up by :func:`whole_seconds`
   and :func:`whole_ms`) and the marks a client knows it by (:data:`REASON_KEY`,
   :data:`ERROR_DOMAIN`, :data:`JSONRPC_REJECTED_CODE`);
+- the ``admitgate-throttled`` mark an app puts on its answer to a provider 429
+  (:data:`THROTTLED_KEY`, read by :func:`throttle_hint`);
 - the check of what a ``session_id`` callable returns, and the check of ``gate`` that the
   gRPC interceptor and the metrics collector (:mod:`admitgate.metrics`) make.
 

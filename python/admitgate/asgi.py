@@ -81,6 +81,18 @@ JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
 Every HTTP request through the middleware, gated or not, costs one
 ``gate.record_request(transport, seconds)`` when its response ends (passthrough requests as
 transport ``"passthrough"``); ``lifespan`` and WebSocket are not counted.
+
+A gated request's turn ends as an ``async with gate.admit()`` block does: with the exception
+that leaves the app while the slot is held (on a gate with
+``adaptive=AdaptiveLimit(throttle_on=...)``, one of those types lowers the ceiling), which
+then propagates unchanged. A response with status 500 or more holds its slot until the app
+returns, since a framework answers an exception with a 500 first and re-raises it after
+(Starlette's ``ServerErrorMiddleware``). The A2A SDK answers an executor's exception itself;
+``GatedAgentExecutor`` on the same gate hands it to the request's turn. An app that turns a
+provider 429 into its own answer sets the response header ``admitgate-throttled`` (value: the
+provider's ``Retry-After`` in seconds, optional): it is reported to the turn
+(``report_throttled``) and removed. Only gated requests are read for it, and the middleware's
+own refusals never carry it.
 """
 
 from __future__ import annotations
