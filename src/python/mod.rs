@@ -42,7 +42,7 @@ mod _admitgate {
     #[pymodule_export]
     use super::awaitables::{QueueTimer, Ready, Wait};
     #[pymodule_export]
-    use super::classify::{_jsonrpc_request, A2ARoutes};
+    use super::classify::{_jsonrpc_request, A2ARules};
     #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]
