@@ -182,6 +182,22 @@ def test_exactly_the_cap_passes_and_refusals_are_the_front_doors(env: Any) -> No
             "reason": "queue_full",
             "retryAfter": int(refused.headers["retry-after"]),
         }
+    # The same reader as the middleware's (crates/classify): a UTF-16 body holding a lone
+    # surrogate is JSON to the SDK, so it is work (before: "not JSON", passed ungated); an id
+    # holding one cannot be echoed, so it is answered null.
+    for body, rpc_id in (
+        (
+            json.dumps(
+                jsonrpc("SendMessage", {**send_params("echo no"), "x": "\udc00"}, 5),
+                ensure_ascii=False,
+            ).encode("utf-16", "surrogatepass"),
+            5,
+        ),
+        (json.dumps(jsonrpc("SendMessage", send_params("echo no"), "\ud800")).encode(), None),
+    ):
+        refused = httpx.post(env.broker.url + "/", content=body, headers=A2A_HEADERS)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["id"] == rpc_id
     rest = httpx.post(
         env.broker.url + "/message:send", json=send_params("echo no"), headers=A2A_HEADERS
     )
@@ -195,7 +211,7 @@ def test_exactly_the_cap_passes_and_refusals_are_the_front_doors(env: Any) -> No
     info, retry = error["details"]
     assert info["reason"] == "QUEUE_FULL" and info["domain"] == "admitgate"
     assert retry["retryDelay"] == f"{rest.headers['retry-after']}s"
-    assert env.broker.gauge('broker_rejected_total{transport="jsonrpc"}') == before + 2
+    assert env.broker.gauge('broker_rejected_total{transport="jsonrpc"}') == before + 4
     assert env.executor.running == 2  # nothing refused reached the agent
     finish(env, (k1, a), (k2, b))
 

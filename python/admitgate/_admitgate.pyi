@@ -16,7 +16,7 @@ from ._types import ResourceSample
 __all__ = [
     "DURATION_BUCKETS",
     "MAX_TRANSPORTS",
-    "A2ARoutes",
+    "A2ARules",
     "InternalError",
     "_broker_main",
     "_fleet_runtime_running",
@@ -602,18 +602,25 @@ class FleetLease:
         """Gives the lease back; under way once called, idempotent."""
 
 @final
-class A2ARoutes:
-    """The A2A SDK's routes for one ``path_prefix`` and JSON-RPC endpoint, matched as
-    Starlette matches them (``crates/classify``; the broker uses the same code)."""
+class A2ARules:
+    """The A2A classification rules of one HTTP front door (``crates/classify``; the broker
+    runs the same code): the SDK's routes for one ``path_prefix`` and JSON-RPC endpoint,
+    matched as Starlette matches them, the JSON-RPC body read as ``json.loads`` reads it, and
+    the method rule (``gate_all``: ``gate_methods="all"``)."""
 
-    def __new__(cls, path_prefix: str, jsonrpc_path: str | None) -> A2ARoutes: ...
+    def __new__(
+        cls, path_prefix: str, jsonrpc_path: str | None, *, gate_all: bool, max_peek_bytes: int
+    ) -> A2ARules: ...
     def kind(self, method: str, path: str, root_path: str) -> int:
         """0 passthrough, 1 read, 2 work, 3 the JSON-RPC endpoint: the strongest verdict of
         every layout the SDK builds."""
+    def jsonrpc(self, body: bytes | bytearray, complete: bool) -> tuple[bool, str | int | None]:
+        """``(gated, id)`` of a JSON-RPC request whose body starts with ``body``
+        (``complete``: it ends there). A body that does not end within ``max_peek_bytes`` is
+        gated, its ``id`` read from the prefix; ``id`` is what a refusal echoes: a str, an
+        int of any size, or ``None``."""
 
-def _jsonrpc_request(
-    body: bytes,
-) -> tuple[str | None, str | int | None] | Literal[False] | None: ...
+def _jsonrpc_request(body: bytes | bytearray) -> tuple[str | None, str | int | None] | None: ...
 def _rejection_class() -> type[Exception]: ...
 def _set_rejection_class(cls: type[Exception] | None) -> None: ...
 def _reset_after_fork() -> None: ...

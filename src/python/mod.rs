@@ -45,7 +45,7 @@ mod _admitgate {
     #[pymodule_export]
     use super::broker::{_broker_main, _panic_in_next_broker, serve_broker};
     #[pymodule_export]
-    use super::classify::{_jsonrpc_request, A2ARoutes};
+    use super::classify::{_jsonrpc_request, A2ARules};
     #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]
