@@ -25,6 +25,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::proxy::Broker;
+use crate::readiness;
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -213,7 +214,10 @@ pub fn render(broker: &Broker) -> String {
         &mut out,
         "broker_upstream_up",
         "gauge",
-        "1 while the agent answers (within the last 3 s, a probe or any request).",
+        &format!(
+            "1 while the agent answers (within the last {} s, a probe or any request).",
+            readiness::DOWN_AFTER.as_secs()
+        ),
     );
     let _ = writeln!(
         out,
