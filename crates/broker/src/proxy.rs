@@ -20,7 +20,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +41,7 @@ use crate::config::{Config, TenantFrom, Upstream};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
+use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
 
 /// What the proxy answers with.
@@ -64,8 +64,8 @@ pub struct Broker {
     pub refusals: RefusalLog,
     http1: Client<HttpConnector, Replayed>,
     http2: Client<HttpConnector, Replayed>,
-    /// Set once an upstream request got an answer (what /readyz waits for).
-    pub upstream_seen: AtomicBool,
+    /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
+    pub upstream_health: UpstreamHealth,
 }
 
 fn full(bytes: impl Into<Bytes>) -> ProxyBody {
@@ -114,7 +114,7 @@ impl Broker {
             rules,
             transports,
             refusals: RefusalLog::default(),
-            upstream_seen: AtomicBool::new(false),
+            upstream_health: UpstreamHealth::default(),
             passage,
             config,
         })
@@ -130,20 +130,17 @@ impl Broker {
         }
     }
 
-    /// Asks the upstream something cheap (`GET /`), for readiness: any answer counts.
-    pub async fn probe_upstream(&self) -> bool {
+    /// Asks the upstream something cheap (`GET /`), for readiness: any answer within
+    /// `timeout` counts.
+    pub async fn probe_upstream(&self, timeout: Duration) -> bool {
         let uri = upstream_uri(&self.config.upstream, "/");
         let Ok(uri) = uri else { return false };
         let mut request = Request::new(Replayed::new(Bytes::new(), None, None));
         *request.uri_mut() = uri;
-        let answered = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            self.http1.request(request),
-        )
-        .await;
+        let answered = tokio::time::timeout(timeout, self.http1.request(request)).await;
         let ok = matches!(answered, Ok(Ok(_)));
         if ok {
-            self.upstream_seen.store(true, Ordering::Relaxed);
+            self.upstream_health.answered();
         }
         ok
     }
@@ -328,7 +325,7 @@ impl Broker {
         };
         match answer {
             Ok(response) => {
-                self.upstream_seen.store(true, Ordering::Relaxed);
+                self.upstream_health.answered();
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
                 head.version = Version::HTTP_11;
@@ -373,7 +370,7 @@ impl Broker {
         };
         match answer {
             Ok(mut response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                self.upstream_seen.store(true, Ordering::Relaxed);
+                self.upstream_health.answered();
                 let upstream_side = hyper::upgrade::on(&mut response);
                 tokio::spawn(async move {
                     if let (Ok(client), Ok(upstream)) = (client_side.await, upstream_side.await) {

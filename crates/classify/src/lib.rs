@@ -134,7 +134,7 @@ impl Rules {
             };
         }
         match parse_request(body) {
-            Ok(Some(request)) => {
+            Some(request) => {
                 let work = request
                     .method
                     .as_deref()
@@ -146,10 +146,8 @@ impl Rules {
                 }
             }
             // Invalid JSON is no request: the app answers a parse error, with no work.
-            Ok(None) if !self.gate_all => Verdict::Pass,
-            Ok(None) => Verdict::Gate { id: None },
-            // Python might read it (encoded surrogates): gated rather than guessed.
-            Err(()) => Verdict::Gate { id: None },
+            None if !self.gate_all => Verdict::Pass,
+            None => Verdict::Gate { id: None },
         }
     }
 
@@ -223,6 +221,16 @@ mod tests {
             Verdict::Gate {
                 id: Some(RpcId::Int("3".into()))
             }
+        );
+        // UTF-16 holding a lone surrogate is JSON to Python (surrogatepass): still work.
+        let utf16: Vec<u8> = r#"{"method":"SendMessage","x":"?"}"#
+            .encode_utf16()
+            .map(|u| if u == 0x3f { 0xd800 } else { u })
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        assert_eq!(
+            rules.jsonrpc_verdict(&utf16, true),
+            Verdict::Gate { id: None }
         );
         assert!(rules.grpc_gates("/lf.a2a.v1.A2AService/SendMessage"));
         assert!(!rules.grpc_gates("/lf.a2a.v1.A2AService/GetTask"));
