@@ -170,6 +170,29 @@ impl CapacitySearch {
         self.config
     }
 
+    /// The smoothed round trip of served calls, once one was served: the window length.
+    pub fn round_trip(&self) -> Option<Duration> {
+        self.rtt_s.and_then(|s| Duration::try_from_secs_f64(s).ok())
+    }
+
+    /// Takes the ceiling another controller sharing it set (a fleet's replicas share one,
+    /// kept in Redis). `lowered` says it came down there: a throttle or inflation elsewhere,
+    /// read as this controller reads its own (hold this window, probe from here, never slow
+    /// start again). Otherwise the shared value simply replaces this one (another replica's
+    /// growth, or this one's proposal that lost the race): the phase is kept, and a probe
+    /// under way ends, since a change elsewhere restarts the count of quiet calls.
+    pub fn follow(&mut self, limit: u64, lowered: bool) {
+        if lowered {
+            self.phase = Phase::Probing;
+            self.window.throttled = true;
+        }
+        if limit != self.limit {
+            self.step = 0;
+            self.quiet_calls = 0;
+        }
+        self.set_limit(limit);
+    }
+
     fn set_limit(&mut self, limit: u64) {
         self.limit = clamp(limit, self.config.min_limit, self.config.max_limit);
     }
@@ -462,6 +485,24 @@ mod tests {
             "{} from {steady}",
             limit.limit()
         );
+    }
+
+    #[test]
+    fn following_a_shared_ceiling_lowered_elsewhere_ends_slow_start() {
+        let mut limit = CapacitySearch::new(CapacitySearchConfig::new(64));
+        limit.follow(3, true);
+        assert_eq!(limit.limit(), 3);
+        // No doubling in the window the shared value came down in, nor after: it probes.
+        let mut t = 10;
+        for _ in 0..4 {
+            busy_window(&mut limit, t);
+            t += 50;
+        }
+        assert!(limit.limit() <= 4, "slow start resumed: {}", limit.limit());
+        // Raised elsewhere (or a lost race): taken as it is, within the bounds.
+        limit.follow(100, false);
+        assert_eq!(limit.limit(), 64);
+        assert_eq!(limit.round_trip(), Some(ms(50)));
     }
 
     #[test]
