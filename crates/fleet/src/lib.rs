@@ -233,7 +233,7 @@ pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};
 pub use lease::Lease;
 pub use lending::Reclaim;
-pub use learned::FleetLearner;
+pub use learned::{FleetLearner, LimitSource};
 pub use limit::FleetLimit;
 pub use scripts::{Change, Learned, Proposal};
 pub use stats::FleetStats;
