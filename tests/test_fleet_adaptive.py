@@ -182,7 +182,10 @@ def test_a_429_on_one_replica_lowers_the_limit_the_others_see(redis_server: Redi
         started = time.monotonic()
         release.set()
         await refused
-        await eventually(lambda: r.hget(learned_key(key), "limit") == "6", "lowered in Redis")
+        await eventually(
+            lambda: r.hget(learned_key(key), "limit") == "6",
+            f"lowered in Redis: {r.hgetall(learned_key(key))} {a.stats()}",
+        )
         took = time.monotonic() - started
         await asyncio.gather(*held)
         assert took < 0.5, took

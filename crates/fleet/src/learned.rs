@@ -67,12 +67,17 @@
 //!   cap and the learned value.
 //! * **Fork:** the controller reaches the limit only through `source`, which yields the current
 //!   process's protocol object (the binding returns none in a forked child until it rebuilt
-//!   its own), so a child never sends on its parent's runtime.
+//!   its own), so a child never sends on its parent's runtime. The controller's state is locked
+//!   only by the gate's calls (threads attached to the interpreter, as `os.fork()`'s caller is,
+//!   so never held across a fork); a reply, handled on a runtime thread, only bumps an atomic.
+//!   Proposals the parent had in flight are forgotten by the child: it sees another protocol
+//!   object.
 //! * **Close:** once the limit is shut down, proposals fail as `Closed` and are dropped.
 //! * **Idle:** the value expires an hour after the last heartbeat or change of any replica.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -85,6 +90,10 @@ use crate::scripts::{Change, Learned, Proposal};
 /// their sample); past this the memory is cleared, and those turns fall back to the gate's.
 const STARTS_KEPT: usize = 4096;
 
+/// A proposal unanswered for this long is taken as lost (a call is bounded well below it:
+/// at most `lease_ttl`, a minute at most), so a lost reply cannot stop the learning.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
 /// Yields this process's fleet limit, if it has one it may use now.
 pub type LimitSource = Arc<dyn Fn() -> Option<FleetLimit> + Send + Sync>;
 
@@ -96,24 +105,48 @@ pub struct FleetLearner {
 }
 
 struct Shared {
+    /// Locked only by the gate's calls, never by a runtime thread (see "Fork" above).
     state: Mutex<State>,
     source: LimitSource,
     config: CapacitySearchConfig,
+    /// Proposals answered (or failed), of each kind: a reply only bumps these.
+    grows_answered: AtomicU64,
+    lowers_answered: AtomicU64,
+}
+
+/// One kind of proposal in flight (seed/raise, or lower): at most one of each at a time.
+#[derive(Clone, Copy, Debug, Default)]
+struct InFlight {
+    sent: u64,
+    /// When the last was sent (the gate's clock), and its value.
+    at: Duration,
+    limit: u64,
+}
+
+impl InFlight {
+    fn pending(&self, answered: &AtomicU64, now: Duration) -> bool {
+        self.sent != answered.load(Ordering::Acquire)
+            && now.saturating_sub(self.at) < ANSWER_WITHIN
+    }
 }
 
 struct State {
     search: CapacitySearch,
     /// The fleet's value as last read (`None`: none read, or Redis forgot it).
     seen: Option<Learned>,
-    /// A seed or raise is in flight.
-    growing: bool,
-    /// The lowest lower in flight.
-    lowering: Option<u64>,
+    grow: InFlight,
+    lower: InFlight,
+    /// The controller came down on its own input (a throttle, inflation) and has not
+    /// proposed it yet: no reading of a higher value undoes that.
+    measured: bool,
+    /// The protocol object the proposals in flight went to (its address): another one (a
+    /// forked child's) has none of them.
+    sent_via: usize,
     /// Fleet-wide in-flight figure at each running turn's start, by its start time.
     starts: HashMap<Duration, u64>,
 }
 
-/// What a replica read from the fleet when a turn started.
+/// What a replica read from the fleet when a turn started or ended.
 #[derive(Clone, Copy)]
 struct Reading {
     up: bool,
@@ -134,19 +167,18 @@ impl FleetLearner {
                 state: Mutex::new(State {
                     search,
                     seen: None,
-                    growing: false,
-                    lowering: None,
+                    grow: InFlight::default(),
+                    lower: InFlight::default(),
+                    measured: false,
+                    sent_via: 0,
                     starts: HashMap::new(),
                 }),
                 source,
                 config,
+                grows_answered: AtomicU64::new(0),
+                lowers_answered: AtomicU64::new(0),
             }),
         }
-    }
-
-    /// The fleet's learned value as last read, if any.
-    pub fn fleet_value(&self) -> Option<u64> {
-        self.state().seen.map(|l| l.limit)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -176,45 +208,88 @@ impl FleetLearner {
         (limit, reading)
     }
 
-    /// Sends `proposal` on the limit's runtime; each reply is read, and the next proposal (if
-    /// the controller moved meanwhile) sent after it.
+    /// What to propose now that the controller took its input, if anything, marking it in
+    /// flight (with the state locked).
+    fn propose(
+        &self,
+        state: &mut State,
+        limit: Option<&FleetLimit>,
+        reading: Reading,
+        now: Duration,
+    ) -> Option<Proposal> {
+        let limit = limit.filter(|_| reading.up)?;
+        let via = limit.identity();
+        if state.sent_via != via {
+            // Another protocol object (a forked child's): nothing of ours is in flight on it.
+            state.sent_via = via;
+            state.grow = InFlight::default();
+            state.lower = InFlight::default();
+            self.shared.grows_answered.store(0, Ordering::Release);
+            self.shared.lowers_answered.store(0, Ordering::Release);
+        }
+        let wanted = state.search.limit();
+        let growing = state.grow.pending(&self.shared.grows_answered, now);
+        let lowering = state
+            .lower
+            .pending(&self.shared.lowers_answered, now)
+            .then_some(state.lower.limit);
+        let (change, generation) = match state.seen {
+            // A measurement before any value was read (a seed may be on its way): a lower is
+            // safe whatever Redis holds (it seeds, or takes the minimum).
+            None if state.measured && lowering.is_none_or(|l| wanted < l) => (Change::Lower, 0),
+            None if !growing => (Change::Seed, 0),
+            Some(seen) if wanted < seen.limit && lowering.is_none_or(|l| wanted < l) => {
+                (Change::Lower, seen.generation)
+            }
+            Some(seen) if wanted > seen.limit && !growing && lowering.is_none() => {
+                (Change::Raise, seen.generation)
+            }
+            _ => return None,
+        };
+        let flight = match change {
+            Change::Lower => {
+                // In flight now: the lower's own guard keeps it from here.
+                state.measured = false;
+                &mut state.lower
+            }
+            Change::Seed | Change::Raise => &mut state.grow,
+        };
+        flight.sent = flight.sent.wrapping_add(1);
+        flight.at = now;
+        flight.limit = wanted;
+        Some(Proposal {
+            change,
+            limit: wanted,
+            generation,
+            min_limit: self.shared.config.min_limit,
+            max_limit: self.shared.config.max_limit,
+            spacing: state.search.round_trip().unwrap_or_default(),
+        })
+    }
+
+    /// Sends `proposal` on the limit's runtime. The reply refreshes the limit's reading (which
+    /// the next turn adopts) and marks the proposal answered; nothing is locked.
     fn send(&self, limit: Option<FleetLimit>, proposal: Option<Proposal>) {
         let (Some(limit), Some(proposal)) = (limit, proposal) else {
             return;
         };
-        let learner = self.clone();
+        let shared = self.shared.clone();
         let runtime = limit.runtime().clone();
         runtime.spawn(async move {
-            let mut next = Some(proposal);
-            while let Some(proposal) = next.take() {
-                let reply = limit.learn(proposal).await;
-                let up = limit.backend_up();
-                let mut state = learner.state();
-                state.settle(&proposal);
-                if let Ok(learned) = reply {
-                    state.adopt(learned);
-                    next = state.proposal(up, learner.shared.config);
-                }
-            }
+            // Success or failure alike: a failure is an outage, which the reading says.
+            let _ = limit.learn(proposal).await;
+            let answered = match proposal.change {
+                Change::Lower => &shared.lowers_answered,
+                Change::Seed | Change::Raise => &shared.grows_answered,
+            };
+            answered.fetch_add(1, Ordering::AcqRel);
         });
     }
 }
 
 impl State {
-    /// A proposal answered (or failed): its flag goes.
-    fn settle(&mut self, proposal: &Proposal) {
-        match proposal.change {
-            Change::Lower => {
-                if self.lowering == Some(proposal.limit) {
-                    self.lowering = None;
-                }
-            }
-            Change::Seed | Change::Raise => self.growing = false,
-        }
-    }
-
     /// Takes a reading of the fleet's value if it is newer than the one seen.
-    fn adopt(&mut self, fresh: Option<Learned>) {
+    fn adopt(&mut self, fresh: Option<Learned>, lowers_answered: &AtomicU64, now: Duration) {
         let Some(fresh) = fresh else {
             // Redis has none (restarted, or it expired): the next proposal seeds it.
             self.seen = None;
@@ -231,46 +306,22 @@ impl State {
             None => fresh.limit < self.search.limit(),
         };
         self.seen = Some(fresh);
-        if self
-            .lowering
-            .is_some_and(|mine| mine < fresh.limit && self.search.limit() <= mine)
+        if self.search.limit() >= fresh.limit {
+            self.measured = false;
+        } else if self.measured {
+            // Measured here, not proposed yet (a seed was in flight): proposed next.
+            return;
+        }
+        let mine = self.lower.limit;
+        if self.lower.pending(lowers_answered, now)
+            && mine < fresh.limit
+            && self.search.limit() <= mine
         {
             // This replica's own lower is on its way and will land below this reading.
             return;
         }
         if self.search.limit() != fresh.limit {
             self.search.follow(fresh.limit, lowered);
-        }
-    }
-
-    /// What to propose now that the controller may have moved, marking it in flight.
-    fn proposal(&mut self, up: bool, config: CapacitySearchConfig) -> Option<Proposal> {
-        if !up {
-            return None;
-        }
-        let wanted = self.search.limit();
-        let proposal = |change, generation| Proposal {
-            change,
-            limit: wanted,
-            generation,
-            min_limit: config.min_limit,
-            max_limit: config.max_limit,
-            spacing: self.search.round_trip().unwrap_or_default(),
-        };
-        match self.seen {
-            None if !self.growing => {
-                self.growing = true;
-                Some(proposal(Change::Seed, 0))
-            }
-            Some(seen) if wanted < seen.limit && self.lowering.is_none_or(|l| wanted < l) => {
-                self.lowering = Some(wanted);
-                Some(proposal(Change::Lower, seen.generation))
-            }
-            Some(seen) if wanted > seen.limit && !self.growing && self.lowering.is_none() => {
-                self.growing = true;
-                Some(proposal(Change::Raise, seen.generation))
-            }
-            _ => None,
         }
     }
 }
@@ -289,26 +340,23 @@ impl LimitController for FleetLearner {
         let proposal = {
             let mut state = self.state();
             if let Some(learned) = reading.learned {
-                state.adopt(learned);
+                state.adopt(learned, &self.shared.lowers_answered, now);
             }
             // The fleet's figures while Redis answers (this turn's own lease included: its
             // acquire's reply is the reading), the gate's own during an outage.
-            let running = if reading.up {
-                reading.in_flight.max(in_flight)
+            let (running, queued) = if reading.up {
+                (reading.in_flight.max(in_flight), queued.max(reading.waiting))
             } else {
-                in_flight
+                (in_flight, queued)
             };
-            let queued = if reading.up {
-                queued.max(reading.waiting)
-            } else {
-                queued
-            };
+            let before = state.search.limit();
             state.search.on_start(now, running, queued);
+            state.measured |= state.search.limit() < before;
             if state.starts.len() >= STARTS_KEPT {
                 state.starts.clear();
             }
             state.starts.insert(now, running);
-            state.proposal(reading.up, self.shared.config)
+            self.propose(&mut state, limit.as_ref(), reading, now)
         };
         self.send(limit, proposal);
     }
@@ -317,18 +365,23 @@ impl LimitController for FleetLearner {
         let (limit, reading) = self.read();
         let proposal = {
             let mut state = self.state();
-            if let Some(learned) = reading.learned {
-                state.adopt(learned);
-            }
             let in_flight = state
                 .starts
                 .remove(&sample.started_at)
                 .unwrap_or(sample.in_flight);
+            // The fleet's value first, then the measurement: a throttle seen here is never
+            // undone by a reading taken before it was proposed (once proposed, a reading above
+            // it waits for its answer).
+            if let Some(learned) = reading.learned {
+                state.adopt(learned, &self.shared.lowers_answered, sample.ended_at);
+            }
+            let before = state.search.limit();
             state.search.on_sample(Sample {
                 in_flight,
                 ..sample
             });
-            state.proposal(reading.up, self.shared.config)
+            state.measured |= state.search.limit() < before;
+            self.propose(&mut state, limit.as_ref(), reading, sample.ended_at)
         };
         self.send(limit, proposal);
     }

@@ -228,6 +228,11 @@ impl FleetLimit {
         }
     }
 
+    /// Tells this protocol object from another (a forked child's rebuilt one) while both live.
+    pub fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// The runtime the limit's calls run on.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.inner.handle

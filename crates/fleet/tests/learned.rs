@@ -4,9 +4,11 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_fleet::{Change, FleetLimit, Learned, Proposal};
+use admitgate_core::overload::{CapacitySearchConfig, LimitController, Outcome, Sample};
+use admitgate_fleet::{Change, FleetLearner, FleetLimit, Learned, Proposal};
 use support::{config, limit, shared, unique_key};
 
 fn proposal(change: Change, limit: u64, generation: u64) -> Proposal {
@@ -144,4 +146,65 @@ async fn every_lease_script_honours_the_learned_limit_and_a_raise_hands_room_to_
     }
     assert_eq!(leases.len(), 4);
     assert_eq!(replica.stats().learned_limit, 0);
+}
+
+/// A learner on `limit`'s fleet, as a replica's gate holds it.
+fn learner(limit: &FleetLimit, initial: u64) -> FleetLearner {
+    let source = limit.clone();
+    let mut config = CapacitySearchConfig::new(u64::from(limit.config().max_in_flight));
+    config.initial_limit = initial;
+    FleetLearner::new(config, Arc::new(move || Some(source.clone())))
+}
+
+fn learned_in_redis(key: &str) -> String {
+    shared().command(&["HGET", &format!("{{{key}}}:learned"), "limit"])
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttle_measured_while_the_seed_is_in_flight_still_lowers_the_fleet() {
+    let key = unique_key("learn-seed-race");
+    let (a, b) = (
+        limit(config(shared(), &key, 64)),
+        limit(config(shared(), &key, 64)),
+    );
+    let mut on_a = learner(&a, 10);
+    let mut on_b = learner(&b, 10);
+    let mut leases = Vec::new();
+    for _ in 0..7 {
+        leases.push(a.acquire("").await.unwrap());
+    }
+    // The first start sends the seed (10); the refusal comes before its reply: seven were
+    // running, so the provider admits six. Nothing else happens on this replica afterwards.
+    on_a.on_start(ms(0), 7, 0);
+    on_a.on_sample(Sample {
+        started_at: ms(0),
+        ended_at: ms(1),
+        in_flight: 7,
+        outcome: Outcome::Throttled { retry_after: None },
+        remaining: None,
+    });
+    assert_eq!(on_a.limit(), 6);
+    support::eventually(ms(2000), "the fleet lowered to 6", || {
+        learned_in_redis(&key) == "6"
+    })
+    .await;
+    // Seven still hold leases, over the new limit: the other replica's turn waits for a
+    // lease until the fleet is below six, then reads the value with it, and follows.
+    let waiting = tokio::spawn(async move { b.acquire("").await.unwrap() });
+    tokio::time::sleep(ms(100)).await;
+    assert!(!waiting.is_finished(), "granted over the learned limit");
+    for lease in leases.drain(..2) {
+        lease.release().await;
+    }
+    let lease = tokio::time::timeout(ms(5000), waiting).await.unwrap().unwrap();
+    on_b.on_start(ms(0), 1, 0);
+    assert_eq!(on_b.limit(), 6);
+    lease.release().await;
+    for lease in leases {
+        lease.release().await;
+    }
 }
