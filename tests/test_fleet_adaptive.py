@@ -140,12 +140,13 @@ def test_three_replicas_find_the_providers_capacity_together(redis_server: Redis
         await asyncio.sleep(1.5)
         steady_calls, steady_refused = provider.calls - calls, provider.refused - refused
         learned = int(r.hget(learned_key(key), "limit"))
-        seen = [gate.stats()["limit"] for gate in gates]
+        snapshots = [gate.stats() for gate in gates]
+        seen = [s["limit"] for s in snapshots]
         await stop(load, tasks, gates)
         assert 9 <= learned <= 15, (learned, seen)
         # One value for the fleet, which every replica shows (give or take the last change).
         assert all(abs(s - learned) <= 2 for s in seen), (learned, seen)
-        assert all(gate.stats()["fleet_limit"] == s for gate, s in zip(gates, seen)), seen
+        assert all(s["limit"] == s["fleet_limit"] for s in snapshots), snapshots
         assert steady_refused <= 0.05 * steady_calls, (steady_refused, steady_calls)
         assert provider.refused <= 0.08 * provider.calls, (provider.refused, provider.calls)
         # The fleet never ran more than the learned limit allowed: the provider's capacity
