@@ -102,7 +102,7 @@ async def _replicas_run(url: str, fleet_wide: bool, seconds: float) -> dict[str,
 
     tasks = [
         asyncio.ensure_future(turn(gate, limit))
-        for gate, limit in zip(gates, limits)
+        for gate, limit in zip(gates, limits, strict=True)
         for _ in range(16)
     ]
     await asyncio.sleep(seconds / 2)

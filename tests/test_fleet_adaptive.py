@@ -9,6 +9,7 @@ of capacity C: a shared counter that raises the throttle exception beyond C conc
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 from admitgate import AdaptiveLimit, AdmissionRejected, FleetLimit, build_admission_gate
-from conftest import run
+from conftest import in_forked_child, run
 from fleet_support import RedisServer, eventually, redis_server_binary
 
 
@@ -147,8 +148,10 @@ def test_three_replicas_find_the_providers_capacity_together(redis_server: Redis
         # One value for the fleet, which every replica shows (give or take the last change).
         assert all(abs(s - learned) <= 2 for s in seen), (learned, seen)
         assert all(s["limit"] == s["fleet_limit"] for s in snapshots), snapshots
-        assert steady_refused <= 0.05 * steady_calls, (steady_refused, steady_calls)
-        assert provider.refused <= 0.08 * provider.calls, (provider.refused, provider.calls)
+        # Typically 1-2% here (probes, one at a time for the fleet); bounds with room for a
+        # loaded CI machine, whose latency spikes read as inflation.
+        assert steady_refused <= 0.08 * steady_calls, (steady_refused, steady_calls)
+        assert provider.refused <= 0.1 * provider.calls, (provider.refused, provider.calls)
         # The fleet never ran more than the learned limit allowed: the provider's capacity
         # plus the one probe above it at a time.
         assert load.peak <= 64
@@ -221,7 +224,7 @@ def test_the_learned_limit_stays_within_min_limit_and_max_in_flight(
             highest = max(highest, int(r.hget(learned_key(capped_key), "limit") or 0))
             lowest = min(lowest, int(r.hget(learned_key(floored_key), "limit") or 64))
             assert r.zcard(f"{{{capped_key}}}:holders") <= 6
-        for load, task in zip(loads, tasks):
+        for load, task in zip(loads, tasks, strict=True):
             await stop(load, task, load.gates)
         assert highest == 6, "never above max_in_flight, and it got there"
         assert lowest == 2, "never below min_limit, and it got there"
@@ -266,3 +269,60 @@ def test_a_fleet_without_adaptive_leaves_no_learned_limit(redis_server: RedisSer
     assert r.exists(learned_key(key)) == 0
     assert "fleet_limit" not in gate.stats() and gate.stats()["limit"] == 4
     assert gate.fleet.stats()["fleet_limit"] == 0
+
+
+def test_min_limit_above_the_fleet_cap_is_refused_naming_both(redis_server: RedisServer) -> None:
+    fleet = FleetLimit(redis_server.url, new_key(), 4)
+    with pytest.raises(
+        ValueError, match=r"^AdaptiveLimit\(min_limit=9\) exceeds the fleet's max_in_flight=4$"
+    ):
+        build_admission_gate(
+            max_concurrent_runs=16, fleet=fleet, adaptive=AdaptiveLimit(min_limit=9)
+        )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_learns_on_its_own_runtime(redis_server: RedisServer) -> None:
+    key, r = new_key(), redis_server.client()
+    (gate,) = replicas(redis_server.url, key, 1, 64, initial_limit=8)
+
+    async def turns(n: int, throttle_at: int | None = None) -> None:
+        release = asyncio.Event()
+
+        async def one(i: int) -> None:
+            try:
+                async with gate.admit():
+                    await release.wait()
+                    if i == throttle_at:
+                        raise RateLimited
+            except RateLimited:
+                pass
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+        await eventually(lambda: gate.stats()["in_flight"] == n, "running")
+        release.set()
+        await asyncio.gather(*tasks)
+
+    # The parent learns (seeds 8) with a proposal in flight at the fork, perhaps.
+    run(turns(4))
+    assert r.hget(learned_key(key), "limit") == "8"
+
+    def child() -> None:
+        # Five running, the last refused: the child's own runtime sends the lower (to 4).
+        asyncio.run(turns(5, throttle_at=4))
+        deadline = time.monotonic() + 5
+        while r.hget(learned_key(key), "limit") != "4":
+            assert time.monotonic() < deadline, r.hgetall(learned_key(key))
+            time.sleep(0.01)
+        assert gate.limit == 4, gate.stats()
+
+    code, message = in_forked_child(child)
+    assert code == 0, message
+    # The parent reads the child's lower with its next lease.
+    run(turns(1))
+    assert gate.limit == 4 == gate.stats()["fleet_limit"]
+
+    async def close() -> None:
+        await gate.fleet.shutdown()
+
+    run(close())
