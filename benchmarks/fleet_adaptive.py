@@ -33,9 +33,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet import LocalRedis  # noqa: E402
+from benchmarks.fleet import LocalRedis  # noqa: E402
 
 CAPACITY = 12
 SERVICE_S = 0.02
@@ -75,9 +75,8 @@ async def _replicas_run(url: str, fleet_wide: bool, seconds: float) -> dict[str,
     limits = [admitgate.FleetLimit(url, key, 64, replica_id=f"r{i}") for i in range(3)]
     adaptive = admitgate.AdaptiveLimit(throttle_on=(RateLimited,))
     gates = [
-        admitgate.build_admission_gate(
-            max_concurrent_runs=64,
-            queue_depth=256,
+        admitgate.AdmissionGate(
+            admitgate.ConcurrencyLimitPolicy(max_concurrent_runs=64, queue_depth=256),
             adaptive=adaptive,
             fleet=limit if fleet_wide else None,
         )
@@ -138,16 +137,16 @@ async def _cost(url: str, n: int, reps: int) -> dict[str, Any]:
     import admitgate
     import redis.asyncio as aioredis
 
+    policy = admitgate.ConcurrencyLimitPolicy(max_concurrent_runs=1024, queue_depth=1024)
+    limits = {
+        name: admitgate.FleetLimit(url, f"bench-{name}:{uuid.uuid4().hex[:8]}", 100_000)
+        for name in ("fleet", "fleet+adaptive")
+    }
     gates = {
-        "fleet": admitgate.build_admission_gate(
-            max_concurrent_runs=1024,
-            queue_depth=1024,
-            fleet=admitgate.FleetLimit(url, f"bench-plain:{uuid.uuid4().hex[:8]}", 100_000),
-        ),
-        "fleet+adaptive": admitgate.build_admission_gate(
-            max_concurrent_runs=1024,
-            queue_depth=1024,
-            fleet=admitgate.FleetLimit(url, f"bench-learn:{uuid.uuid4().hex[:8]}", 100_000),
+        "fleet": admitgate.AdmissionGate(policy, fleet=limits["fleet"]),
+        "fleet+adaptive": admitgate.AdmissionGate(
+            policy,
+            fleet=limits["fleet+adaptive"],
             adaptive=admitgate.AdaptiveLimit(throttle_on=(RateLimited,)),
         ),
     }
@@ -174,8 +173,8 @@ async def _cost(url: str, n: int, reps: int) -> dict[str, Any]:
             out[f"scripts per turn, {name}, {tasks} task(s)"] = (after - before) / n
         out[f"limit, {name}"] = gate.limit
     await client.aclose()
-    for gate in gates.values():
-        await gate.fleet.shutdown()
+    for limit in limits.values():
+        await limit.shutdown()
     return out
 
 

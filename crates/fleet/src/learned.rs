@@ -125,8 +125,7 @@ struct InFlight {
 
 impl InFlight {
     fn pending(&self, answered: &AtomicU64, now: Duration) -> bool {
-        self.sent != answered.load(Ordering::Acquire)
-            && now.saturating_sub(self.at) < ANSWER_WITHIN
+        self.sent != answered.load(Ordering::Acquire) && now.saturating_sub(self.at) < ANSWER_WITHIN
     }
 }
 
@@ -345,7 +344,10 @@ impl LimitController for FleetLearner {
             // The fleet's figures while Redis answers (this turn's own lease included: its
             // acquire's reply is the reading), the gate's own during an outage.
             let (running, queued) = if reading.up {
-                (reading.in_flight.max(in_flight), queued.max(reading.waiting))
+                (
+                    reading.in_flight.max(in_flight),
+                    queued.max(reading.waiting),
+                )
             } else {
                 (in_flight, queued)
             };

@@ -27,7 +27,11 @@ fn replicas(key: &str, n: usize, cap: u32) -> Vec<FleetLimit> {
 }
 
 async fn learn(limit: &FleetLimit, p: Proposal) -> Learned {
-    limit.learn(p).await.unwrap().expect("a learned limit after a proposal")
+    limit
+        .learn(p)
+        .await
+        .unwrap()
+        .expect("a learned limit after a proposal")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,13 +69,7 @@ async fn concurrent_lowers_compose_as_their_minimum_and_raises_as_one_compare_an
     let raises = (0..32u64).map(|i| {
         let replica = fleet[(i % 8) as usize].clone();
         let value = 11 + i % 7;
-        async move {
-            learn(
-                &replica,
-                proposal(Change::Raise, value, settled.generation),
-            )
-            .await
-        }
+        async move { learn(&replica, proposal(Change::Raise, value, settled.generation)).await }
     });
     let replies = futures_util::future::join_all(raises).await;
     let after = learn(&fleet[0], proposal(Change::Seed, 0, 0)).await;
@@ -94,7 +92,11 @@ async fn a_raise_waits_a_round_trip_by_the_server_clock_and_values_stay_in_bound
     assert_eq!(floor.limit, 2, "below min_limit");
     let mut slow = proposal(Change::Raise, 8, floor.generation);
     slow.spacing = Duration::from_secs(30);
-    assert_eq!(learn(&fleet[0], slow).await, floor, "raised within its spacing");
+    assert_eq!(
+        learn(&fleet[0], slow).await,
+        floor,
+        "raised within its spacing"
+    );
     slow.spacing = Duration::from_millis(20);
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert_eq!(learn(&fleet[0], slow).await.limit, 8);
@@ -200,7 +202,10 @@ async fn a_throttle_measured_while_the_seed_is_in_flight_still_lowers_the_fleet(
     for lease in leases.drain(..2) {
         lease.release().await;
     }
-    let lease = tokio::time::timeout(ms(5000), waiting).await.unwrap().unwrap();
+    let lease = tokio::time::timeout(ms(5000), waiting)
+        .await
+        .unwrap()
+        .unwrap();
     on_b.on_start(ms(0), 1, 0);
     assert_eq!(on_b.limit(), 6);
     lease.release().await;
