@@ -326,3 +326,33 @@ def test_a_forked_child_learns_on_its_own_runtime(redis_server: RedisServer) -> 
         await gate.fleet.shutdown()
 
     run(close())
+
+
+def test_reconfigure_bounds_the_replica_and_close_stops_proposing(
+    redis_server: RedisServer,
+) -> None:
+    key, r = new_key(), redis_server.client()
+    (gate,) = replicas(redis_server.url, key, 1, 64, initial_limit=8)
+
+    async def main() -> None:
+        async with gate.admit():
+            pass
+        await eventually(lambda: r.hget(learned_key(key), "limit") == "8", "seeded")
+        # A lower max_concurrent_runs bounds this replica's own ceiling; the fleet's value,
+        # which other replicas share, is not this replica's to change by reconfiguring.
+        gate.reconfigure(max_concurrent_runs=3)
+        async with gate.admit():
+            pass
+        assert gate.stats()["max_concurrent_runs"] == 3
+        assert gate.limit == 8 == gate.stats()["fleet_limit"]
+        assert r.hget(learned_key(key), "limit") == "8"
+        # After shutdown nothing is sent: a throttle on a turn that still ends changes nothing.
+        await gate.fleet.shutdown()
+        before = r.hgetall(learned_key(key))
+        with pytest.raises((RateLimited, AdmissionRejected)):
+            async with gate.admit():
+                raise RateLimited
+        await asyncio.sleep(0.1)
+        assert r.hgetall(learned_key(key)) == before
+
+    run(main())
