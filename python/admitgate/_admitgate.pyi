@@ -178,7 +178,9 @@ class AdmissionGate:
     built-in :class:`RssSampler`). Thread-safe: one gate may serve several event loops.
 
     ``adaptive`` (an :class:`AdaptiveLimit`) moves the effective ceiling between its
-    ``min_limit`` and ``max_concurrent_runs`` from provider throttles and latency;
+    ``min_limit`` and ``max_concurrent_runs`` from provider throttles and latency (with
+    ``fleet=`` too: one learned limit for the whole fleet, between ``min_limit`` and the
+    fleet's ``max_in_flight``, kept in Redis and honoured by every lease);
     ``queue_discipline="adaptive"`` serves a standing queue newest first with waits capped
     at the measured service time (``"fifo"``: today's order). Both need a ceiling.
     """
@@ -202,7 +204,8 @@ class AdmissionGate:
     @property
     def limit(self) -> int:
         """The effective ceiling now: ``max_concurrent_runs``, or below it what ``adaptive=``
-        has learned (0: no ceiling)."""
+        has learned (0: no ceiling); with ``fleet=`` too, the fleet's learned limit once read
+        (one value for every replica, kept in Redis)."""
     @property
     def fleet(self) -> FleetLimit | None:
         """The fleet-wide limit: a turn runs once it has its local slot and a lease."""
@@ -344,7 +347,9 @@ class AdmissionGate:
         ``rejected``, ``shed``, ``max_rss_mb`` (float), ``cancelled`` and ``limit`` (the
         effective ceiling now, see :attr:`limit`); with a fleet limit
         also ``fleet_in_flight``, ``fleet_max_in_flight``, ``fleet_backend_up`` (1/0),
-        ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``."""
+        ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``; with a fleet limit and
+        ``adaptive=``, ``fleet_limit`` (the fleet's learned limit, 0 until one is read), which
+        ``limit`` then shows."""
     @property
     def _resource_policy(self) -> Any | None: ...
     @property
@@ -549,7 +554,9 @@ class FleetLimit:
         """Counters without a round trip: ``fleet_in_flight``, ``fleet_max_in_flight``,
         ``fleet_backend_up`` (1/0), ``fleet_lease_lost``, ``fleet_borrowed``,
         ``fleet_outages``, ``fleet_max_in_flight_per_scope``, ``fleet_waiting``,
-        ``fleet_lease_retaken``, ``fleet_replica_held``, ``fleet_replica_waiting``."""
+        ``fleet_lease_retaken``, ``fleet_replica_held``, ``fleet_replica_waiting``,
+        ``fleet_limit`` (the fleet's learned limit, set by gates with ``adaptive=``, last
+        known; 0: none, the cap alone counts)."""
     def acquire(self, scope: object = "") -> Awaitable[FleetLease]:
         """Waits for a lease in fleet-wide FIFO order (call inside a running event loop).
         Cancelling the wait withdraws it. While Redis is down: a local lease, or
