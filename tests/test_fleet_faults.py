@@ -48,6 +48,23 @@ def peak_within(intervals: list[tuple[float, float]], start: float, end: float) 
     return union_peak([(s, e) for s, e in clipped if s < e])
 
 
+def busiest_moment(
+    tagged: list[tuple[str, float, float]], start: float, end: float, began: float
+) -> tuple[float, dict[str, int]]:
+    """When in ``[start, end)`` the most turns ran (seconds after ``began``), and how many of
+    them each replica ran then: what a failed bound prints, to tell whose turns were over."""
+    moments = [max(s, start) for _, s, e in tagged if s < end and e > start]
+    best: tuple[float, dict[str, int]] = (0.0, {})
+    for t in moments:
+        counts: dict[str, int] = {}
+        for name, s, e in tagged:
+            if s <= t < e:
+                counts[name] = counts.get(name, 0) + 1
+        if sum(counts.values()) > sum(best[1].values()):
+            best = (round(t - began, 3), counts)
+    return best
+
+
 def two_replicas_with_the_room_held(
     redis_server: RedisServer, replicas: list[Replica], ttl: float
 ) -> tuple[str, Replica, Replica]:
@@ -160,8 +177,8 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
         "key": key,
         "max_in_flight": cap,
         "lease_ttl_s": ttl,
-        "command_timeout_s": 0.25,
-        "connect_timeout_s": 0.25,
+        "command_timeout_s": 0.5,
+        "connect_timeout_s": 0.5,
     }
     gate = {"max_concurrent_runs": cap, "queue_depth": 2 * clients}
     names = ["a", "b", "c"]
@@ -228,6 +245,7 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
         events[name] = proc.drain()
 
     intervals: list[tuple[float, float]] = []
+    tagged: list[tuple[str, float, float]] = []  # the same, with the replica that ran each
     paused_running = 0
     stragglers_end = 0.0  # when the last turn running on the paused replica at the pause ended
     answers = 0
@@ -243,6 +261,7 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
             else:
                 end = ends[turn][0]  # every started turn of a live replica ended
             intervals.append((start, end))
+            tagged.append((name, start, end))
             if name == "b" and start <= paused < end:
                 paused_running += 1
                 stragglers_end = max(stragglers_end, end)
@@ -274,8 +293,23 @@ def test_a_seeded_load_run_with_a_kill_a_pause_and_a_redis_restart(
     # that expired meanwhile (a grant published while it slept is claimed after it wakes, and
     # found expired).
     peak = peak_within(intervals, paused, after_pause)
+    for name, got in final.items():
+        print(name, {k: v for k, v in got.items() if k.startswith("fleet_")})
+    # The pause itself is no outage (a call it outlived is waited out, confirmed by PING): the
+    # paused replica's only outage is the Redis restart. (A second one would admit locally as
+    # it wakes, over the cap by design: seen only on a machine too loaded to answer a PING
+    # within the timeouts.)
+    assert final["b"]["fleet_outages"] <= 1, final["b"]
     print(f"pause {paused - began:.1f}-{after_pause - began:.1f} s: peak {peak}")
-    assert peak <= cap + held_at_pause, (peak, held_at_pause)
+    assert peak <= cap + held_at_pause, (
+        peak,
+        held_at_pause,
+        busiest_moment(tagged, paused, after_pause, began),
+        {
+            name: {k: v for k, v in got.items() if k.startswith("fleet_")}
+            for name, got in final.items()
+        },
+    )
     # The end state: every replica idle, the fleet figures read zero within a heartbeat
     # (lease_ttl / 3), and nothing of the limit left in Redis but keys about to expire.
     r = restartable.client()
