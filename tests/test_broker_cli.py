@@ -28,6 +28,7 @@ def test_help_lists_every_flag_and_bad_flags_exit_2(
         "--listen",
         "--upstream",
         "--grpc-upstream",
+        "--upstream-protocol",
         "--max-in-flight",
         "--queue-depth",
         "--overflow-policy",
