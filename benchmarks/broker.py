@@ -237,11 +237,16 @@ class Broker(Subject):
     front of an agent that speaks only HTTP/1.1; one process serves both)."""
 
     def __init__(
-        self, upstream: Upstream, binary: Path, via_python: bool, h1_upstream: bool = False
+        self,
+        upstream: Upstream,
+        binary: Path,
+        via_python: bool,
+        h1_upstream: bool = False,
+        name: str | None = None,
     ) -> None:
-        self.name = "python -m admitgate broker" if via_python else "broker"
+        self.name = name or ("python -m admitgate broker" if via_python else "broker")
         self.processes = [BrokerProcess(binary, upstream.h1, via_python)]
-        if h1_upstream:
+        if h1_upstream and name is None:
             self.name += " (h2c to an HTTP/1.1 upstream)"
         else:
             self.processes.append(
@@ -364,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--broker", type=Path, default=BROKER, help="the broker binary (default: %(default)s)"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another broker binary (an earlier build) as a further subject, `baseline`; it "
+        "serves h2c clients from the HTTP/1.1 upstream (it may predate --upstream-protocol)",
+    )
     args = parser.parse_args(argv)
     for tool in ("nginx", "haproxy", "oha"):
         if shutil.which(tool) is None:
@@ -393,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if not args.no_python:
                 makers.append(lambda: Broker(upstream, binary, via_python=True, h1_upstream=True))
+            baseline: Path | None = args.baseline
+            if baseline is not None:
+                makers.append(
+                    lambda: Broker(upstream, baseline, False, h1_upstream=True, name="baseline")
+                )
             measures = {
                 "rss_idle_kb": lambda s: rss_kb(s.pid),
                 "per_silent_connection_kb": lambda s: silent_connections(s.h1, s.pid, 1000),
@@ -419,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if not args.no_python:
                 subjects.append(Broker(upstream, binary, via_python=True))
+            if baseline is not None:
+                subjects.append(
+                    Broker(upstream, baseline, False, h1_upstream=True, name="baseline")
+                )
             h1_only = Broker(upstream, binary, via_python=False, h1_upstream=True)
             for s in [*subjects, h1_only]:  # warm-up: connections opened, pools filled
                 if "http/1.1" in protocols:
