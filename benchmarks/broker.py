@@ -246,8 +246,9 @@ class Broker(Subject):
     ) -> None:
         self.name = name or ("python -m admitgate broker" if via_python else "broker")
         self.processes = [BrokerProcess(binary, upstream.h1, via_python)]
-        if h1_upstream and name is None:
-            self.name += " (h2c to an HTTP/1.1 upstream)"
+        if h1_upstream:
+            if name is None:
+                self.name += " (h2c to an HTTP/1.1 upstream)"
         else:
             self.processes.append(
                 BrokerProcess(binary, upstream.h2, via_python, "--upstream-protocol", "h2")
