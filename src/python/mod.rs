@@ -16,6 +16,7 @@ mod admission;
 mod args;
 mod awaitables;
 mod blocking;
+mod broker;
 mod classify;
 mod errors;
 mod exit;
@@ -42,7 +43,9 @@ mod _admitgate {
     #[pymodule_export]
     use super::awaitables::{QueueTimer, Ready, Wait};
     #[pymodule_export]
-    use super::classify::{_jsonrpc_request, A2ARoutes};
+    use super::broker::{_broker_main, _panic_in_next_broker, serve_broker};
+    #[pymodule_export]
+    use super::classify::{_jsonrpc_request, A2ARules};
     #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]

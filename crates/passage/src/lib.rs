@@ -14,20 +14,28 @@
 //! What this layer adds is the order and the bookkeeping of a whole turn, written once:
 //!
 //! 1. **Local slot**: [`Passage::admit`] arrives at the gate; a queued turn waits on its
-//!    oneshot until it is granted, refused (shed, closing) or its deadline passes
-//!    ([`Gate::expire`](core_api::Gate::expire) races the grant under the gate's lock, so a
-//!    turn is granted or timed out, never both).
+//!    oneshot until it is granted, refused (shed, closing) or its wait ends
+//!    ([`Gate::expire_for`](core_api::Gate::expire_for) races the grant under the gate's
+//!    lock, so a turn is granted or timed out, never both). The wait ends at the queue
+//!    timeout or, with the caller's deadline ([`Passage::admit_by`]), once less of the
+//!    deadline is left than a turn takes (refused with `deadline`), whichever is first: the
+//!    core decides that (and refuses at once a turn that would queue past its deadline), as
+//!    it does for the binding's `deadline_s`.
 //! 2. **Fleet lease**: with a [`FleetLimit`], the gate defers admission; a turn holding its
-//!    local slot waits for its lease (same deadline; a [`Passage::close`] ends the wait with
-//!    `closing`), then [`confirm`](core_api::Gate::confirm)s, or
+//!    local slot waits for its lease (same end, same reasons; a [`Passage::close`] ends the
+//!    wait with `closing`), then [`confirm`](core_api::Gate::confirm)s, or
 //!    [`revoke`](core_api::Gate::revoke)s with the reason the caller saw
-//!    (`fleet_unavailable`, `timeout`, `closing`) or as cancelled when the future was dropped.
+//!    (`fleet_unavailable`, `timeout`, `deadline`, `closing`) or as cancelled when the future
+//!    was dropped.
 //!    Without a queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`)
 //!    and a full fleet refuses at once with `queue_full`, as a full local gate does.
 //! 3. **Counters settled as the caller experienced them**: the per-transport counters
 //!    ([`Transports`](core_api::Transports)) move when the outcome reaches the caller: queued
 //!    when it starts waiting, admitted when its permit exists, rejected with the reason it is
 //!    answered with, finished when the permit drops.
+//! 4. **Timing**: the first turn that brings a deadline starts timing turns (as the
+//!    binding's first `deadline_s` does), so the gate learns the service time it checks
+//!    deadlines against; a timed permit reports its turn's end when it drops.
 //!
 //! Cancellation is dropping the future: a queued turn withdraws ([`Gate::cancel`]
 //! (core_api::Gate::cancel), which hands on a slot granted in the same instant), a turn
@@ -63,8 +71,9 @@ use admitgate_fleet::{FleetLimit, Lease};
 use tokio::sync::{oneshot, watch};
 
 use core_api::{
-    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, Overflow, Registered, Rejection,
-    Stats, TransportId, Transports, TurnSlot, WaiterKey, Waker, Wakes,
+    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow,
+    Registered, Rejection, Stats, TransportId, Transports, TurnEnd, TurnSlot, WaiterKey, Waker,
+    Wakes,
 };
 
 /// Wakes a queued turn's future: the gate's hand-off, as a oneshot message.
@@ -212,20 +221,42 @@ impl Passage {
         scope: &str,
         transport: TransportId,
     ) -> Result<Permit, Refused> {
-        let deadline = self
+        self.admit_by(scope, transport, None).await
+    }
+
+    /// [`Passage::admit`] for a caller who waits until `deadline` at most (its gRPC
+    /// deadline, an HTTP deadline header). A turn that would run at once always does; one
+    /// that would queue is refused with `deadline` at once when less of its deadline is left
+    /// than a turn takes, and later, while it waits (for its slot or its lease), once that
+    /// becomes so, unless its queue timeout comes first.
+    pub async fn admit_by(
+        self: &Arc<Self>,
+        scope: &str,
+        transport: TransportId,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Refused> {
+        let timeout_at = self
             .queue_timeout
             .and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
+        let deadline = deadline.map(|at| at.saturating_duration_since(self.epoch));
+        if deadline.is_some() && !self.gate.times_turns() {
+            // Learn the service time deadlines are checked against (what the binding does).
+            self.gate.enable_overload(None, Discipline::Fifo);
+        }
         let tenant = (!scope.is_empty()).then_some(scope);
         let (arrival, wakes) = self
             .gate
-            .arrive(tenant, None, self.resource(), || self.now());
+            .arrive_by(tenant, None, self.resource(), deadline, || self.now());
         run(wakes);
         let granted = match arrival {
             Arrival::Admitted(scope) => scope,
             Arrival::Rejected(reason, retry_after) => {
                 return Err(self.refused(transport, reason, retry_after));
             }
-            Arrival::Queued(key) => self.wait_local(key, transport, deadline).await?,
+            Arrival::Queued(key) => {
+                let ends = self.wait_ends(timeout_at, deadline);
+                self.wait_local(key, transport, ends).await?
+            }
         };
         let Some(fleet) = &self.fleet else {
             self.transports.admitted(transport);
@@ -261,9 +292,10 @@ impl Passage {
                     .map_err(|_| Rejection::FleetUnavailable)
             }
         };
+        let ends = self.wait_ends(timeout_at, deadline);
         let outcome = tokio::select! {
             lease = acquire => lease,
-            () = sleep_until(deadline) => Err(Rejection::Timeout),
+            reason = sleep_until(ends) => Err(reason),
             _ = closing.wait_for(|closed| *closed) => Err(Rejection::Closing),
         };
         revoke.armed = false;
@@ -306,11 +338,35 @@ impl Passage {
         lease: Option<Lease>,
         transport: TransportId,
     ) -> Permit {
+        let started = self.gate.times_turns().then(|| {
+            let at = self.now();
+            let (in_flight, wakes) = self.gate.turn_started(at);
+            run(wakes);
+            (at, in_flight)
+        });
         Permit {
             passage: self.clone(),
             slot: TurnSlot::new(scope),
             lease,
             transport,
+            started,
+        }
+    }
+
+    /// When a wait begun now ends, and the reason it is refused for then: the queue
+    /// timeout (`timeout_at`), or, sooner, the moment less of the caller's `deadline` (on
+    /// the passage's clock) is left than a turn takes (`deadline`).
+    fn wait_ends(
+        &self,
+        timeout_at: Option<tokio::time::Instant>,
+        deadline: Option<Duration>,
+    ) -> Option<(tokio::time::Instant, Rejection)> {
+        let epoch = tokio::time::Instant::from_std(self.epoch);
+        let too_late = deadline.and_then(|d| epoch.checked_add(self.gate.deadline_timer(d)));
+        match (timeout_at, too_late) {
+            (Some(timeout), Some(late)) if late < timeout => Some((late, Rejection::Deadline)),
+            (None, Some(late)) => Some((late, Rejection::Deadline)),
+            (timeout, _) => timeout.map(|at| (at, Rejection::Timeout)),
         }
     }
 
@@ -319,7 +375,7 @@ impl Passage {
         &self,
         key: WaiterKey,
         transport: TransportId,
-        deadline: Option<tokio::time::Instant>,
+        ends: Option<(tokio::time::Instant, Rejection)>,
     ) -> Result<Option<Arc<str>>, Refused> {
         self.transports.queued(transport);
         let mut queued = Queued {
@@ -332,13 +388,13 @@ impl Passage {
         let (registered, returned) = self.gate.register(key, OneshotWaker(tx));
         drop(returned);
         if registered == Registered::Waiting {
-            let woken = tokio::select! {
-                _ = &mut rx => true,
-                () = sleep_until(deadline) => false,
+            let expired = tokio::select! {
+                _ = &mut rx => None,
+                reason = sleep_until(ends) => Some(reason),
             };
-            if !woken {
+            if let Some(reason) = expired {
                 // Exactly one of grant and expiry wins, under the gate's lock.
-                let (_, wakes) = self.gate.expire(key);
+                let (_, wakes) = self.gate.expire_for(key, reason);
                 run(wakes);
             }
         }
@@ -379,9 +435,13 @@ impl Passage {
     }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+/// Sleeps until a wait's end, then gives its reason; never ends without one.
+async fn sleep_until(ends: Option<(tokio::time::Instant, Rejection)>) -> Rejection {
+    match ends {
+        Some((at, reason)) => {
+            tokio::time::sleep_until(at).await;
+            reason
+        }
         None => std::future::pending().await,
     }
 }
@@ -432,6 +492,9 @@ pub struct Permit {
     slot: TurnSlot,
     lease: Option<Lease>,
     transport: TransportId,
+    /// When a timed turn started, and the turns running then ([`Gate::turn_started`]
+    /// (core_api::Gate::turn_started)); `None` while the gate times no turns.
+    started: Option<(Duration, u64)>,
 }
 
 impl Permit {
@@ -456,7 +519,23 @@ impl Drop for Permit {
         let passage = &self.passage;
         // Memory pressure is read on release only when someone waits for the slot.
         let resource = passage.gate.has_waiters().then(|| passage.resource());
-        run(self.slot.close(&passage.gate, resource));
+        let wakes = match self.started {
+            // A permit does not know how its turn went (a proxy relays the answer without
+            // reading it): every timed turn counts as served, for the service time that
+            // deadlines are checked against.
+            Some((started_at, in_flight)) => {
+                let end = TurnEnd {
+                    started_at,
+                    ended_at: passage.now(),
+                    in_flight,
+                    outcome: Outcome::Success,
+                    remaining: None,
+                };
+                self.slot.finish(&passage.gate, resource, end)
+            }
+            None => self.slot.close(&passage.gate, resource),
+        };
+        run(wakes);
         passage.transports.finished(self.transport);
         // A lease dropped is given back on the fleet's runtime.
         drop(self.lease.take());
