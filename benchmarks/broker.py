@@ -15,8 +15,15 @@ one run, interleaved (each round runs every subject once, in a rotated order):
 
 Rows: added p50 / p99 / p99.9 latency over ``direct`` at 1,000 and 5,000 requests/s, CPU of
 the proxy process per 1,000 requests/s, maximum throughput (oha unthrottled), RSS idle, per
-idle keep-alive connection (1,000 of them) and with 1,000 open streams (slow nginx responses
-through the proxy).
+connection that never sent a byte, per idle keep-alive connection after one request (1,000 of
+them, opened in a burst and one after another) and with 1,000 open streams (slow nginx
+responses through the proxy).
+
+The broker is set up as HAProxy is: HTTP/1.1 clients through one process to nginx's HTTP/1.1
+port, h2c clients through a second (``--upstream-protocol h2``) to nginx's h2c port; over h2c
+the broker in front of an HTTP/1.1-only agent (h2c clients, HTTP/1.1 upstream) is a further
+subject. ``--protocols``, ``--rates``, ``--seconds``, ``--rounds``, ``--no-memory``,
+``--no-max``, ``--no-python`` and ``--broker PATH`` narrow a run while iterating.
 
 Needs: nginx, haproxy (``apt-get install nginx haproxy``), oha (``cargo install oha``), and
 ``cargo build --release -p admitgate-broker``. Absolute numbers depend on the machine; the
@@ -117,19 +124,22 @@ http {{
 
 
 class Subject:
-    """A proxy (or nothing) in front of the upstream, with its pid for CPU and RSS."""
+    """A proxy (or nothing) in front of the upstream, with the pid serving each protocol (for
+    CPU and RSS)."""
 
     name: str
     h1: int
     h2: int
     pid: int | None
+    pid_h2: int | None
 
     def stop(self) -> None: ...
 
 
 class Direct(Subject):
     def __init__(self, upstream: Upstream) -> None:
-        self.name, self.h1, self.h2, self.pid = "direct", upstream.h1, upstream.h2, None
+        self.name, self.h1, self.h2 = "direct", upstream.h1, upstream.h2
+        self.pid = self.pid_h2 = None
 
 
 class HAProxy(Subject):
@@ -166,43 +176,73 @@ backend app_h2
         )
         wait_port(self.h1)
         wait_port(self.h2)
-        self.pid = self.process.pid
+        self.pid = self.pid_h2 = self.process.pid
 
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(10)
 
 
-class Broker(Subject):
-    """The broker, one process per protocol (HTTP/1.1 upstream; h2c goes to the h2c port as
-    gRPC would, so the h2c run is plain HTTP/2 through the broker to nginx over HTTP/1.1)."""
+class BrokerProcess:
+    """One broker process in front of ``upstream_port``, HTTP/1.1 and h2c on one port."""
 
-    def __init__(self, upstream: Upstream, via_python: bool) -> None:
-        self.name = "python -m admitgate broker" if via_python else "broker"
-        self.h1 = free_port()
-        self.h2 = self.h1  # one port: HTTP/1.1 and h2c
+    def __init__(self, binary: Path, upstream_port: int, via_python: bool, *extra: str) -> None:
+        self.port = free_port()
         flags = [
             "--listen",
-            f"127.0.0.1:{self.h1}",
+            f"127.0.0.1:{self.port}",
             "--upstream",
-            f"http://127.0.0.1:{upstream.h1}",
+            f"http://127.0.0.1:{upstream_port}",
             "--max-in-flight",
             "100000",
             "--upstream-idle-timeout",
             "30",
+            *extra,
         ]
         if via_python:
             command = [sys.executable, "-m", "admitgate", "broker", *flags]
         else:
-            command = [str(BROKER), *flags]
+            command = [str(binary), *flags]
         self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-        wait_port(self.h1)
-        # In-process either way: the interpreter's own RSS and CPU count for the Python one.
+        wait_port(self.port)
+        # In-process either way: the interpreter's own RSS and CPU count for the Python one
+        # (which runs the extension module's broker, not ``binary``).
         self.pid = self.process.pid
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(20)
+
+
+class Broker(Subject):
+    """The broker as HAProxy is set up: HTTP/1.1 clients through one process to nginx's
+    HTTP/1.1 port, h2c clients through another (``--upstream-protocol h2``) to nginx's h2c
+    port. With ``h1_upstream``, h2c clients go to nginx over HTTP/1.1 instead (the broker in
+    front of an agent that speaks only HTTP/1.1; one process serves both)."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        binary: Path,
+        via_python: bool,
+        h1_upstream: bool = False,
+        name: str | None = None,
+    ) -> None:
+        self.name = name or ("python -m admitgate broker" if via_python else "broker")
+        self.processes = [BrokerProcess(binary, upstream.h1, via_python)]
+        if h1_upstream:
+            if name is None:
+                self.name += " (h2c to an HTTP/1.1 upstream)"
+        else:
+            self.processes.append(
+                BrokerProcess(binary, upstream.h2, via_python, "--upstream-protocol", "h2")
+            )
+        self.h1, self.pid = self.processes[0].port, self.processes[0].pid
+        self.h2, self.pid_h2 = self.processes[-1].port, self.processes[-1].pid
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
 
 
 def oha(
@@ -238,8 +278,13 @@ def percentiles(result: dict[str, Any]) -> dict[str, float]:
     return {"p50": p["p50"], "p99": p["p99"], "p99.9": p["p99.9"]}
 
 
-def idle_connections(port: int, pid: int, count: int) -> float:
-    """RSS added per idle keep-alive connection (each has sent one request), in KB."""
+def idle_connections(port: int, pid: int, count: int, sequential: bool = False) -> float:
+    """RSS added per idle keep-alive connection (each has sent one request), in KB.
+
+    A burst (the default): all ``count`` requests are sent before any answer is read, so
+    many exchanges are in flight at once and the figure includes what the allocator keeps of
+    that peak; ``sequential``: each answer is read before the next connection opens, so the
+    figure is what an idle connection itself holds."""
     before = rss_kb(pid)
     sockets = []
     request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -248,8 +293,25 @@ def idle_connections(port: int, pid: int, count: int) -> float:
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall(request)
             sockets.append(s)
+            if sequential:
+                s.recv(4096)
+        if not sequential:
+            for s in sockets:
+                s.recv(4096)
+        time.sleep(1.0)
+        return (rss_kb(pid) - before) / count
+    finally:
         for s in sockets:
-            s.recv(4096)
+            s.close()
+
+
+def silent_connections(port: int, pid: int, count: int) -> float:
+    """RSS added per connection that connected and never sent a byte, in KB."""
+    before = rss_kb(pid)
+    sockets = []
+    try:
+        for _ in range(count):
+            sockets.append(socket.create_connection(("127.0.0.1", port)))
         time.sleep(1.0)
         return (rss_kb(pid) - before) / count
     finally:
@@ -278,57 +340,116 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/broker.py", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="2 s runs, one round")
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    parser.add_argument(
+        "--protocols", default="http/1.1,h2c", help="comma-separated: http/1.1, h2c"
+    )
+    parser.add_argument("--rates", default="1000,5000", help="comma-separated requests/s")
+    parser.add_argument("--seconds", type=float, help="seconds per run (default 8, --quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 2, --quick 1)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory rows")
+    parser.add_argument("--no-max", action="store_true", help="skip the max throughput rows")
+    parser.add_argument(
+        "--no-python", action="store_true", help="skip `python -m admitgate broker`"
+    )
+    parser.add_argument(
+        "--broker", type=Path, default=BROKER, help="the broker binary (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another broker binary (an earlier build) as a further subject, `baseline`; it "
+        "serves h2c clients from the HTTP/1.1 upstream (it may predate --upstream-protocol)",
+    )
     args = parser.parse_args(argv)
     for tool in ("nginx", "haproxy", "oha"):
         if shutil.which(tool) is None:
             print(f"{tool} is needed (see the module docstring)", file=sys.stderr)
             return 2
-    if not BROKER.is_file():
+    binary: Path = args.broker
+    if not binary.is_file():
         print("build the broker first: cargo build --release -p admitgate-broker", file=sys.stderr)
         return 2
-    seconds = 2.0 if args.quick else 8.0
-    rounds = 1 if args.quick else 2
+    seconds = args.seconds or (2.0 if args.quick else 8.0)
+    rounds = args.rounds or (1 if args.quick else 2)
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    rates = [int(r) for r in args.rates.split(",") if r.strip()]
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         upstream = Upstream(workdir)
         subjects: list[Subject] = []
+        h1_only: Broker | None = None
         try:
             # Memory first, on fresh processes one at a time: after a load run the allocators
-            # keep what they grew to, which would hide what an idle connection costs.
-            for make in (
+            # keep what they grew to, which would hide what an idle connection costs. Each
+            # figure on its own fresh process, so one does not inherit another's heap.
+            makers = [
                 lambda: HAProxy(upstream, workdir),
-                lambda: Broker(upstream, via_python=False),
-                lambda: Broker(upstream, via_python=True),
-            ):
-                fresh = make()
-                try:
-                    assert fresh.pid is not None
-                    time.sleep(0.5)
-                    row = results.setdefault(fresh.name, {})
-                    row["rss_idle_kb"] = rss_kb(fresh.pid)
-                    row["per_idle_connection_kb"] = idle_connections(fresh.h1, fresh.pid, 1000)
-                    row["rss_1000_streams_kb"] = open_streams(fresh.h1, fresh.pid, 1000)
-                finally:
-                    fresh.stop()
+                lambda: Broker(upstream, binary, via_python=False, h1_upstream=True),
+            ]
+            if not args.no_python:
+                makers.append(lambda: Broker(upstream, binary, via_python=True, h1_upstream=True))
+            baseline: Path | None = args.baseline
+            if baseline is not None:
+                makers.append(
+                    lambda: Broker(upstream, baseline, False, h1_upstream=True, name="baseline")
+                )
+            measures = {
+                "rss_idle_kb": lambda s: rss_kb(s.pid),
+                "per_silent_connection_kb": lambda s: silent_connections(s.h1, s.pid, 1000),
+                "per_idle_connection_kb": lambda s: idle_connections(s.h1, s.pid, 1000),
+                "per_idle_connection_sequential_kb": lambda s: idle_connections(
+                    s.h1, s.pid, 1000, sequential=True
+                ),
+                "rss_1000_streams_kb": lambda s: open_streams(s.h1, s.pid, 1000),
+            }
+            for make in [] if args.no_memory else makers:
+                for key, measure in measures.items():
+                    fresh = make()
+                    try:
+                        assert fresh.pid is not None
+                        time.sleep(0.5)
+                        name = fresh.name.replace(" (h2c to an HTTP/1.1 upstream)", "")
+                        results.setdefault(name, {})[key] = measure(fresh)
+                    finally:
+                        fresh.stop()
             subjects = [
                 Direct(upstream),
                 HAProxy(upstream, workdir),
-                Broker(upstream, via_python=False),
-                Broker(upstream, via_python=True),
+                Broker(upstream, binary, via_python=False),
             ]
-            for s in subjects:  # warm-up: connections opened, pools filled
-                oha(f"http://127.0.0.1:{s.h1}", rate=None, seconds=1, http2=False, connections=50)
-                oha(f"http://127.0.0.1:{s.h2}", rate=None, seconds=1, http2=True, connections=50)
-            for http2 in (False, True):
+            if not args.no_python:
+                subjects.append(Broker(upstream, binary, via_python=True))
+            if baseline is not None:
+                subjects.append(
+                    Broker(upstream, baseline, False, h1_upstream=True, name="baseline")
+                )
+            h1_only = Broker(upstream, binary, via_python=False, h1_upstream=True)
+            for s in [*subjects, h1_only]:  # warm-up: connections opened, pools filled
+                if "http/1.1" in protocols:
+                    oha(
+                        f"http://127.0.0.1:{s.h1}",
+                        rate=None,
+                        seconds=1,
+                        http2=False,
+                        connections=50,
+                    )
+                if "h2c" in protocols:
+                    oha(
+                        f"http://127.0.0.1:{s.h2}", rate=None, seconds=1, http2=True, connections=50
+                    )
+            for http2 in [p == "h2c" for p in protocols]:
                 proto = "h2c" if http2 else "http/1.1"
-                for rate in (1000, 5000):
+                # Over h2c, also the broker in front of an HTTP/1.1-only agent.
+                runs = [*subjects, h1_only] if http2 else subjects
+                for rate in rates:
                     for round_ in range(rounds):
-                        shift = round_ % len(subjects)
-                        order = subjects[shift:] + subjects[:shift]
+                        shift = round_ % len(runs)
+                        order = runs[shift:] + runs[:shift]
                         for s in order:
                             port = s.h2 if http2 else s.h1
-                            cpu0 = cpu_seconds(s.pid) if s.pid else 0.0
+                            pid = s.pid_h2 if http2 else s.pid
+                            cpu0 = cpu_seconds(pid) if pid else 0.0
                             result = oha(
                                 f"http://127.0.0.1:{port}",
                                 rate=rate,
@@ -336,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                                 http2=http2,
                                 connections=50,
                             )
-                            cpu = (cpu_seconds(s.pid) - cpu0) if s.pid else 0.0
+                            cpu = (cpu_seconds(pid) - cpu0) if pid else 0.0
                             key = f"{proto} {rate}/s"
                             row = results.setdefault(s.name, {}).setdefault(key, [])
                             errors = {
@@ -353,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                                     "errors": sum(errors.values()),
                                 }
                             )
-                for s in subjects:
+                if args.no_max:
+                    continue
+                for s in runs:
                     port = s.h2 if http2 else s.h1
                     result = oha(
                         f"http://127.0.0.1:{port}",
@@ -366,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for s in subjects:
                 s.stop()
+            if h1_only is not None:
+                h1_only.stop()
             upstream.stop()
     if args.json:
         print(json.dumps(results, indent=2))
@@ -380,24 +505,26 @@ def report(results: dict[str, Any]) -> None:
         base = {p: statistics.median(r[p] for r in direct[key]) for p in ("p50", "p99", "p99.9")}
         print(f"  {key}")
         for name, rows in results.items():
-            if name == "direct":
+            if name == "direct" or key not in rows:
                 continue
             med = {p: statistics.median(r[p] for r in rows[key]) for p in ("p50", "p99", "p99.9")}
             cpu = statistics.median(r["cpu_per_1k"] for r in rows[key])
             errors = sum(r["errors"] for r in rows[key])
             added = "  ".join(f"{p} +{(med[p] - base[p]) * 1e6:7.0f}" for p in med)
-            print(f"    {name:28} {added}   cpu {cpu:.3f}   errors {errors}")
+            print(f"    {name:46} {added}   cpu {cpu:.3f}   errors {errors}")
     print("\nmax throughput (req/s), RSS")
     for name, row in results.items():
         maxes = "  ".join(f"{k} {v:8.0f}" for k, v in row.items() if k.endswith("max/s"))
         mem = ""
         if "rss_idle_kb" in row:
             mem = (
-                f"  idle {row['rss_idle_kb'] / 1024:.1f} MB, per idle conn "
-                f"{row['per_idle_connection_kb']:.1f} KB, 1k streams "
+                f"  idle {row['rss_idle_kb'] / 1024:.1f} MB, per silent conn "
+                f"{row['per_silent_connection_kb']:.1f} KB, per idle conn "
+                f"{row['per_idle_connection_kb']:.1f} KB (burst) "
+                f"{row['per_idle_connection_sequential_kb']:.1f} KB (sequential), 1k streams "
                 f"{row['rss_1000_streams_kb'] / 1024:.1f} MB"
             )
-        print(f"  {name:28} {maxes}{mem}")
+        print(f"  {name:46} {maxes}{mem}")
 
 
 if __name__ == "__main__":

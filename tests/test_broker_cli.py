@@ -25,7 +25,7 @@ def test_help_and_bad_flags_are_the_binarys(binary: Any, capfd: pytest.CaptureFi
         [binary, "--help"], capture_output=True, text=True, check=True, timeout=10
     ).stdout
     assert in_process == standalone
-    for flag in ("--listen", "--upstream", "--max-in-flight", "--fleet", "--drain-timeout"):
+    for flag in ("--listen", "--upstream", "--upstream-protocol", "--max-in-flight", "--fleet"):
         assert flag in in_process
     bad = ["--upstream", "http://127.0.0.1:1", "--queue-depth", "-1"]
     assert admitgate.broker.main(bad) == 2

@@ -655,6 +655,7 @@ def serve_broker(
     upstream: str | None = None,
     listen: str | None = None,
     grpc_upstream: str | None = None,
+    upstream_protocol: Literal["http1", "h2", "auto"] | None = None,
     max_in_flight: int | None = None,
     queue_depth: int | None = None,
     overflow_policy: Literal["reject", "queue", "shed_oldest"] | None = None,

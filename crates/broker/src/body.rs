@@ -1,5 +1,9 @@
 //! The bodies the proxy forwards.
 //!
+//! * [`ClientBody`]: a client's request body as it arrived, telling its HTTP/1.1 connection
+//!   (through [`Exchanges`]) once it has been read to its end, and [`Ending`], a response
+//!   body that does the same: the connection is released between exchanges only when both
+//!   ended, so the next bytes on the socket are surely the next request's.
 //! * [`Replayed`]: a request body whose first bytes were read to classify it (the JSON-RPC
 //!   peek), replayed exactly, then the rest of the stream.
 //! * [`Held`]: a response body that holds the request's [`Permit`] until the body has ended
@@ -10,6 +14,8 @@
 //!   middle of the stream becomes a proper status trailer (`UNAVAILABLE`) instead of a reset.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use admitgate_passage::Permit;
@@ -21,17 +27,176 @@ use hyper::body::Incoming;
 /// Any error a forwarded body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// How far the exchanges of one HTTP/1.1 connection have come: requests received, request
+/// bodies read to their end, response bodies sent to their end. All three equal: between
+/// exchanges (nothing of a request is left unread, nothing of a response left unsent).
+#[derive(Default, Debug)]
+pub struct Exchanges {
+    requests: AtomicU32,
+    request_bodies_ended: AtomicU32,
+    responses_ended: AtomicU32,
+    /// An upgrade was asked for: the socket may belong to another protocol now.
+    upgraded: AtomicBool,
+}
+
+impl Exchanges {
+    /// A request arrived.
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A request asked for an upgrade.
+    pub fn upgrade(&self) {
+        self.upgraded.store(true, Ordering::Release);
+    }
+
+    /// Whether at least one exchange happened, none asked for an upgrade, and every one has
+    /// ended both ways.
+    pub fn all_ended(&self) -> bool {
+        let requests = self.requests.load(Ordering::Acquire);
+        requests > 0
+            && !self.upgraded.load(Ordering::Acquire)
+            && self.request_bodies_ended.load(Ordering::Acquire) == requests
+            && self.responses_ended.load(Ordering::Acquire) == requests
+    }
+}
+
+/// A client's request body: hyper's, counting its end in the connection's [`Exchanges`]
+/// (none on HTTP/2, where streams are independent).
+pub struct ClientBody {
+    inner: Incoming,
+    exchanges: Option<Arc<Exchanges>>,
+}
+
+impl ClientBody {
+    /// `inner`, counted in `exchanges` if given.
+    pub fn new(inner: Incoming, exchanges: Option<Arc<Exchanges>>) -> Self {
+        let mut body = Self { inner, exchanges };
+        body.ended_if_done();
+        body
+    }
+
+    fn ended_if_done(&mut self) {
+        if self.inner.is_end_stream() {
+            self.ended();
+        }
+    }
+
+    /// Counts the end once.
+    fn ended(&mut self) {
+        if let Some(exchanges) = self.exchanges.take() {
+            exchanges
+                .request_bodies_ended
+                .fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.ended(),
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => self.ended(),
+            Poll::Ready(Some(Ok(_))) => self.ended_if_done(),
+            // A broken body is not at a message boundary: never counted as ended.
+            Poll::Ready(Some(Err(_))) => self.exchanges = None,
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body counting its end in its connection's [`Exchanges`] (a body dropped
+/// before its end, or broken, is not counted: that connection is not released between
+/// exchanges).
+pub struct Ending<B> {
+    inner: B,
+    exchanges: Arc<Exchanges>,
+    /// Counted (or broken): never counted again.
+    settled: AtomicBool,
+}
+
+impl<B: Body> Ending<B> {
+    /// `inner`, counted in `exchanges`.
+    pub fn new(inner: B, exchanges: Arc<Exchanges>) -> Self {
+        Self {
+            inner,
+            exchanges,
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    fn ended(&self) {
+        if !self.settled.swap(true, Ordering::AcqRel) {
+            self.exchanges
+                .responses_ended
+                .fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<B> Body for Ending<B>
+where
+    B: Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.ended(),
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => self.ended(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.ended(),
+            Poll::Ready(Some(Err(_))) => self.settled.store(true, Ordering::Release),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // hyper asks this before polling: an empty body (a refusal's, a 101's) is never polled.
+        let ended = self.inner.is_end_stream();
+        if ended {
+            self.ended();
+        }
+        ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A request body: the peeked prefix (data, and trailers if the body ended with them), then
 /// whatever is left of the client's stream.
 pub struct Replayed {
     prefix: Option<Bytes>,
     trailers: Option<HeaderMap>,
-    rest: Option<Incoming>,
+    rest: Option<ClientBody>,
 }
 
 impl Replayed {
     /// The body as it arrived: nothing peeked.
-    pub fn whole(body: Incoming) -> Self {
+    pub fn whole(body: ClientBody) -> Self {
         Self {
             prefix: None,
             trailers: None,
@@ -40,7 +205,7 @@ impl Replayed {
     }
 
     /// `prefix` (and `trailers`), then `rest` (`None`: the body ended within the prefix).
-    pub fn new(prefix: Bytes, trailers: Option<HeaderMap>, rest: Option<Incoming>) -> Self {
+    pub fn new(prefix: Bytes, trailers: Option<HeaderMap>, rest: Option<ClientBody>) -> Self {
         Self {
             prefix: (!prefix.is_empty()).then_some(prefix),
             trailers,

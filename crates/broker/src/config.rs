@@ -30,6 +30,13 @@ pub struct Flags {
     /// Where gRPC calls go (h2c). Default: --upstream, over h2c.
     #[arg(long, value_name = "URL")]
     pub grpc_upstream: Option<String>,
+    /// How requests other than gRPC reach --upstream: `http1` (HTTP/1.1, for an agent that
+    /// speaks only HTTP/1.1), `h2` (cleartext HTTP/2 with prior knowledge, for an agent that
+    /// speaks h2c) or `auto` (as the client spoke: HTTP/2 clients over h2c, HTTP/1.1 clients
+    /// over HTTP/1.1; the agent must speak both on one port). WebSocket upgrades always go
+    /// over HTTP/1.1. Default http1.
+    #[arg(long, value_name = "PROTOCOL")]
+    pub upstream_protocol: Option<String>,
     /// The agent's in-flight cap for gated A2A requests, shared by every transport; 0: no cap.
     /// Default 0.
     #[arg(long, value_name = "N")]
@@ -125,6 +132,7 @@ struct FileSettings {
     listen: Option<SocketAddr>,
     upstream: Option<String>,
     grpc_upstream: Option<String>,
+    upstream_protocol: Option<String>,
     max_in_flight: Option<i64>,
     queue_depth: Option<i64>,
     overflow_policy: Option<String>,
@@ -160,6 +168,17 @@ pub enum TenantFrom {
     Path,
 }
 
+/// How non-gRPC requests reach the upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 for every request.
+    Http1,
+    /// Cleartext HTTP/2 (prior knowledge) for every request.
+    H2,
+    /// As the client spoke.
+    Auto,
+}
+
 /// An upstream address.
 #[derive(Clone, Debug)]
 pub struct Upstream {
@@ -175,6 +194,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub upstream: Upstream,
     pub grpc_upstream: Upstream,
+    pub upstream_protocol: UpstreamProtocol,
     pub max_in_flight: i64,
     pub queue_depth: i64,
     pub overflow_policy: String,
@@ -318,6 +338,16 @@ impl Config {
             Some(text) => upstream("grpc_upstream", &text)?,
             None => main.clone(),
         };
+        let upstream_protocol = match pick!(upstream_protocol).as_deref() {
+            None | Some("http1") => UpstreamProtocol::Http1,
+            Some("h2") => UpstreamProtocol::H2,
+            Some("auto") => UpstreamProtocol::Auto,
+            Some(other) => {
+                return err(format!(
+                    "upstream_protocol must be http1, h2 or auto, got {other:?}"
+                ))
+            }
+        };
         let max_in_flight = pick!(max_in_flight).unwrap_or(0);
         let queue_depth = pick!(queue_depth).unwrap_or(0);
         let overflow_policy = pick!(overflow_policy).unwrap_or_else(|| "reject".into());
@@ -388,6 +418,7 @@ impl Config {
             listen: pick!(listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
             upstream: main,
             grpc_upstream: grpc,
+            upstream_protocol,
             max_in_flight,
             queue_depth,
             overflow_policy,
@@ -457,6 +488,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("overflow_policy") && e.contains("drop"), "{e}");
+        let e = Config::from_args(["b", "--upstream", "http://x:1", "--upstream-protocol", "h3"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("upstream_protocol") && e.contains("h3"), "{e}");
         let e = Config::from_args([
             "b",
             "--upstream",

@@ -15,8 +15,12 @@
 //!    rides in its response body ([`Held`]) until the body ends or the client goes away,
 //!    and its deadline header is forwarded with the time left.
 //! 4. **Forwarding**: hop-by-hop headers stripped both ways (`te: trailers` kept), gRPC to
-//!    the gRPC upstream over h2c, everything else over HTTP/1.1 from a pool whose idle
-//!    connections are dropped before the agent's keep-alive would close them.
+//!    the gRPC upstream over h2c, everything else as `--upstream-protocol` says: over
+//!    HTTP/1.1 (the default), over h2c, or as the client spoke. Both pools drop idle
+//!    connections before the agent's keep-alive would close them. An HTTP/2 client answered
+//!    from HTTP/1.1 needs one upstream connection per stream in flight, and its requests
+//!    cross from the h2 connection's task to an h1 connection's task and back; over h2c
+//!    every stream shares one upstream connection, as HAProxy's `proto h2` does.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,13 +35,12 @@ use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST, UPGRADE};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use crate::body::{BoxError, Held, Replayed};
-use crate::config::{Config, TenantFrom, Upstream};
+use crate::body::{BoxError, ClientBody, Held, Replayed};
+use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
@@ -120,6 +123,16 @@ impl Broker {
         })
     }
 
+    /// Whether a (non-gRPC) request from a client that spoke `version` goes to the upstream
+    /// over h2c, as `--upstream-protocol` says.
+    fn h2_upstream(&self, version: Version) -> bool {
+        match self.config.upstream_protocol {
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::H2 => true,
+            UpstreamProtocol::Auto => version >= Version::HTTP_2,
+        }
+    }
+
     fn transport_name(&self, id: TransportId) -> &'static str {
         if id == self.transports.grpc {
             "grpc"
@@ -137,7 +150,13 @@ impl Broker {
         let Ok(uri) = uri else { return false };
         let mut request = Request::new(Replayed::new(Bytes::new(), None, None));
         *request.uri_mut() = uri;
-        let answered = tokio::time::timeout(timeout, self.http1.request(request)).await;
+        let client = if self.config.upstream_protocol == UpstreamProtocol::H2 {
+            *request.version_mut() = Version::HTTP_2;
+            &self.http2
+        } else {
+            &self.http1
+        };
+        let answered = tokio::time::timeout(timeout, client.request(request)).await;
         let ok = matches!(answered, Ok(Ok(_)));
         if ok {
             self.upstream_health.answered();
@@ -148,7 +167,7 @@ impl Broker {
     /// Handles one request from `peer`.
     pub async fn handle(
         self: Arc<Self>,
-        mut request: Request<Incoming>,
+        mut request: Request<ClientBody>,
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
@@ -296,6 +315,7 @@ impl Broker {
         let Ok(uri) = upstream_uri(upstream, target) else {
             return plain(StatusCode::BAD_REQUEST, "bad request target\n");
         };
+        let over_h2 = grpc || self.h2_upstream(parts.version);
         let authority = parts.uri.authority().cloned();
         strip_hop_by_hop(&mut parts.headers, false);
         if !parts.headers.contains_key(HOST) {
@@ -306,13 +326,13 @@ impl Broker {
         }
         forwarded_for(&mut parts.headers, peer);
         parts.uri = uri;
-        parts.version = if grpc {
+        parts.version = if over_h2 {
             Version::HTTP_2
         } else {
             Version::HTTP_11
         };
         let request = Request::from_parts(parts, body);
-        let answer = if grpc {
+        let answer = if over_h2 {
             self.http2.request(request).await
         } else {
             self.http1.request(request).await
@@ -345,7 +365,7 @@ impl Broker {
     /// An upgrade other than h2c (WebSocket): passed through, ungated.
     async fn upgrade(
         &self,
-        mut request: Request<Incoming>,
+        mut request: Request<ClientBody>,
         peer: SocketAddr,
         started: Instant,
     ) -> Response<ProxyBody> {
@@ -457,9 +477,9 @@ fn upstream_failed(grpc: bool, error: &hyper_util::client::legacy::Error) -> Res
 /// Reads at most about `limit` bytes of a body: `(prefix, trailers, rest)`, `rest` being
 /// `None` when the body ended within the prefix.
 async fn peek(
-    mut body: Incoming,
+    mut body: ClientBody,
     limit: usize,
-) -> Result<(Bytes, Option<http::HeaderMap>, Option<Incoming>), hyper::Error> {
+) -> Result<(Bytes, Option<http::HeaderMap>, Option<ClientBody>), hyper::Error> {
     let mut prefix = BytesMut::new();
     loop {
         if http_body::Body::is_end_stream(&body) {

@@ -1,0 +1,325 @@
+"""The broker's connections: an h2c upstream for requests that are not gRPC
+(``--upstream-protocol``), and client HTTP/1.1 connections that hold no hyper buffers while
+they idle between requests (hyper's connection is built per exchange and the socket is taken
+back once every exchange has ended).
+
+Real servers on loopback: uvicorn (HTTP/1.1 only), grpc.aio (h2c only: it answers any
+HTTP/2 POST to a registered method, whatever its content type; in a child process where a
+test kills it mid-stream), httpx clients and raw sockets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from _a2a_app import ServerThread
+from _broker import BrokerProcess, build_broker
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+# A gRPC server (h2c only) whose methods sit at A2A REST paths, so that a request with a
+# JSON content type to them is gated as REST and forwarded as plain HTTP: `/acme/message:send`
+# echoes, `/acme/message:stream` sends one message and then never ends.
+_H2C_AGENT = """
+import asyncio, grpc
+
+async def echo(request, context):
+    return request
+
+async def forever(request, context):
+    yield b"first"
+    await asyncio.sleep(3600)
+
+async def main():
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("acme", {
+        "message:send": grpc.unary_unary_rpc_method_handler(echo),
+        "message:stream": grpc.unary_stream_rpc_method_handler(forever),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def framed(message: bytes) -> bytes:
+    """One gRPC length-prefixed message."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+class H2cAgent:
+    """The gRPC server of ``_H2C_AGENT`` in a child process."""
+
+    def __init__(self) -> None:
+        self.child = subprocess.Popen(
+            [sys.executable, "-c", _H2C_AGENT], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+        )
+        assert self.child.stdout is not None
+        self.url = f"http://127.0.0.1:{int(self.child.stdout.readline())}"
+
+    def kill(self) -> None:
+        self.child.kill()
+        self.child.wait(5)
+        if self.child.stdout is not None:
+            self.child.stdout.close()
+
+
+async def _echo(request: Request) -> PlainTextResponse:
+    body = await request.body()
+    return PlainTextResponse(f"{len(body)} {hashlib.sha256(body).hexdigest()[:16]}")
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[types.SimpleNamespace]:
+    server = ServerThread()
+    server.start(Starlette(routes=[Route("/echo", _echo, methods=["GET", "POST"])]))
+    agent = H2cAgent()
+    yield types.SimpleNamespace(server=server, agent=agent, binary=build_broker())
+    agent.kill()
+    server.stop()
+
+
+def wait_until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+# grpc-core resets a stream that does not say `te: trailers`; the broker passes it on.
+PLAIN = {"content-type": "application/json", "te": "trailers"}
+
+
+def send(client: httpx.Client, path: str, message: bytes) -> httpx.Response:
+    return client.post(path, content=framed(message), headers=PLAIN, timeout=10)
+
+
+# -- the h2c upstream ---------------------------------------------------------------------------
+
+
+def test_upstream_protocol_h2_reaches_an_h2c_agent_and_auto_follows_the_client(env: Any) -> None:
+    """The agent speaks only h2c: `h2` reaches it from HTTP/1.1 and HTTP/2 clients alike,
+    gated and counted; `auto` reaches it from HTTP/2 clients only; `http1` (the default)
+    not at all."""
+    expected = framed(b"hello")
+    for protocol, reaches_from_h1, reaches_from_h2 in (
+        ("h2", True, True),
+        ("auto", False, True),
+        ("http1", False, False),
+    ):
+        broker = BrokerProcess(
+            env.binary,
+            "--upstream",
+            env.agent.url,
+            "--upstream-protocol",
+            protocol,
+            "--max-in-flight",
+            "4",
+        )
+        try:
+            for http2, reaches in ((False, reaches_from_h1), (True, reaches_from_h2)):
+                with httpx.Client(base_url=broker.url, http1=not http2, http2=http2) as c:
+                    answer = send(c, "/acme/message:send", b"hello")
+                    assert answer.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+                    if reaches:
+                        assert (answer.status_code, answer.content) == (200, expected), protocol
+                    else:
+                        assert answer.status_code == 502, (protocol, http2)
+            metrics = broker.metrics()
+            assert metrics['broker_admitted_total{transport="rest"}'] == 2
+            broker.wait_for("broker_gate_in_flight", 0)
+        finally:
+            assert broker.stop() == 0
+
+
+def test_an_h2c_upstream_dying_mid_stream_releases_the_slot(env: Any) -> None:
+    agent = H2cAgent()
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        agent.url,
+        "--upstream-protocol",
+        "h2",
+        "--max-in-flight",
+        "1",
+    )
+    try:
+        with httpx.Client(base_url=broker.url) as c:
+            request = c.build_request(
+                "POST",
+                "/acme/message:stream",
+                content=framed(b"go"),
+                headers=PLAIN,
+            )
+            response = c.send(request, stream=True)
+            assert response.status_code == 200
+            chunks = response.iter_raw()
+            assert next(chunks) == framed(b"first")
+            assert broker.gauge("broker_gate_in_flight") == 1
+            agent.kill()  # the agent dies with the stream in flight
+            with pytest.raises(httpx.HTTPError):
+                for _ in chunks:
+                    pass
+            response.close()
+            broker.wait_for("broker_gate_in_flight", 0)
+            # The connection is gone with its agent: the next request is a 502 and takes no
+            # slot for good.
+            assert send(c, "/acme/message:send", b"x").status_code == 502
+            broker.wait_for("broker_gate_in_flight", 0)
+    finally:
+        agent.kill()
+        assert broker.stop() == 0
+
+
+# -- client connections between exchanges --------------------------------------------------------
+
+
+def read_response(sock: socket.socket, buffered: bytearray) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 response with a Content-Length from ``sock``: (head, body)."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        buffered += chunk
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    buffered[:] = rest
+    while len(buffered) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        buffered += chunk
+    body = bytes(buffered[:length])
+    del buffered[:length]
+    return head, body
+
+
+def expected_echo(body: bytes) -> bytes:
+    return f"{len(body)} {hashlib.sha256(body).hexdigest()[:16]}".encode()
+
+
+def test_a_kept_alive_connection_serves_bodies_and_pipelined_requests_in_order(env: Any) -> None:
+    """One socket: a GET, a body in a later segment, a chunked body, then three requests in
+    one segment (the second's body and the third arrive with the first): every answer in
+    order, none says Connection: close, the socket stays open."""
+    broker = BrokerProcess(env.binary, "--upstream", env.server.url, metrics=False)
+    host, port = broker.address.split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            buffered = bytearray()
+            heads = []
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            head, body = read_response(sock, buffered)
+            heads.append(head)
+            assert body == expected_echo(b"")
+            sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+            time.sleep(0.05)
+            sock.sendall(b"hello")
+            head, body = read_response(sock, buffered)
+            heads.append(head)
+            assert body == expected_echo(b"hello")
+            sock.sendall(
+                b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+            )
+            head, body = read_response(sock, buffered)
+            heads.append(head)
+            assert body == expected_echo(b"abcde")
+            sock.sendall(
+                b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nxyz"
+                b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            for sent in (b"", b"xyz", b""):
+                head, body = read_response(sock, buffered)
+                heads.append(head)
+                assert body == expected_echo(sent)
+            assert all(h.startswith(b"HTTP/1.1 200") for h in heads)
+            assert not any(b"connection: close" in h.lower() for h in heads)
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock, buffered)[1] == expected_echo(b"")
+    finally:
+        assert broker.stop() == 0
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_idle_kept_alive_connections_hold_no_hyper_buffers(env: Any) -> None:
+    """300 connections, each after one request, idle: the broker's RSS grows by well under
+    10 KB each (hyper's per-connection 8 KiB read and write buffers, kept for a connection's
+    whole life, made it about 23 KB). The requests are answered by the broker itself (502:
+    nothing listens upstream), so the test does not wait on an agent."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    # Idle kept-alive connections close after --first-bytes-timeout: longer than this test.
+    broker = BrokerProcess(
+        env.binary, "--upstream", nowhere, "--first-bytes-timeout", "120", metrics=False
+    )
+    host, port = broker.address.split(":")
+    sockets: list[socket.socket] = []
+    try:
+        warm = socket.create_connection((host, int(port)), timeout=10)
+        sockets.append(warm)
+        warm.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        read_response(warm, bytearray())
+        before = rss_kb(broker.process.pid)
+        for _ in range(300):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sockets.append(sock)
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            read_response(sock, bytearray())
+        time.sleep(0.2)
+        per_connection = (rss_kb(broker.process.pid) - before) / 300
+        assert per_connection < 8, f"{per_connection:.1f} KB per idle connection"
+        # Still kept alive, all of them.
+        for sock in sockets[::40]:
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock, bytearray())[0].startswith(b"HTTP/1.1 502")
+    finally:
+        for sock in sockets:
+            sock.close()
+        assert broker.stop() == 0
+
+
+def test_the_drain_closes_idle_kept_alive_connections_at_once(env: Any) -> None:
+    broker = BrokerProcess(env.binary, "--upstream", env.server.url, metrics=False)
+    host, port = broker.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        read_response(sock, bytearray())
+        started = time.monotonic()
+        closed = threading.Event()
+
+        def watch() -> None:
+            if sock.recv(1) == b"":
+                closed.set()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        assert broker.stop() == 0
+        watcher.join(5)
+        assert closed.is_set()
+        assert time.monotonic() - started < 3
+        assert broker.events("drained")[0]["connections_closed"] is True
