@@ -216,6 +216,62 @@ def test_exactly_the_cap_passes_and_refusals_are_the_front_doors(env: Any) -> No
     finish(env, (k1, a), (k2, b))
 
 
+def test_the_a2a_sdk_client_through_the_broker_is_served_then_sees_the_refusal(env: Any) -> None:
+    """The A2A SDK's own client, over both HTTP bindings, streaming or not: served through the
+    broker, then refused with the front doors' errors while the cap is held, then served again.
+    """
+    from _a2a_app import agent_card
+    from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, create_client
+    from a2a.types import Message, Part, Role, SendMessageRequest
+
+    def request(text: str) -> SendMessageRequest:
+        return SendMessageRequest(
+            message=Message(
+                role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)]
+            )
+        )
+
+    async def send_all(binding: str, streaming: bool, text: str) -> list[Any]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            # The card comes through the broker (passthrough); the interfaces it advertises are
+            # the broker's, as a sidecar's agent advertises its public address.
+            fetched = await A2ACardResolver(http, env.broker.url).get_agent_card()
+            assert fetched.name == agent_card(env.broker.url).name
+            config = ClientConfig(
+                httpx_client=http, streaming=streaming, supported_protocol_bindings=[binding]
+            )
+            sdk = await create_client(agent_card(env.broker.url), client_config=config)
+            return [event async for event in sdk.send_message(request(text))]
+
+    bindings = [(b, s) for b in ("JSONRPC", "HTTP+JSON") for s in (False, True)]
+
+    def served() -> None:
+        for binding, streaming in bindings:
+            events = asyncio.run(send_all(binding, streaming, "echo through"))
+            assert events, (binding, streaming)
+            assert "through" in str(events[-1]), (binding, streaming, events[-1])
+
+    served()
+    k1, k2 = key(), key()
+    a, b = hold(env, k1), hold(env, k2, rest=True)
+    before = env.executor.running
+    for binding, streaming in bindings:
+        with pytest.raises(A2AClientError, match="429") as info:
+            asyncio.run(send_all(binding, streaming, "echo no"))
+        cause = info.value.__cause__
+        assert isinstance(cause, httpx.HTTPStatusError), (binding, streaming, cause)
+        assert cause.response.headers["admitgate-reason"] == "queue_full"
+        assert int(cause.response.headers["retry-after"]) >= 1
+        error = cause.response.json()["error"]
+        if binding == "JSONRPC":
+            assert error["code"] == -32029
+        else:
+            assert error["details"][0]["domain"] == "admitgate"
+    assert env.executor.running == before  # nothing refused reached the agent
+    finish(env, (k1, a), (k2, b))
+    served()
+
+
 def test_reads_cards_custom_routes_and_websockets_pass_while_saturated(env: Any) -> None:
     k1, k2 = key(), key()
     a, b = hold(env, k1), hold(env, k2)
