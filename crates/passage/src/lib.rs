@@ -55,17 +55,22 @@
 )]
 
 pub mod core_api;
+pub mod lease;
+pub mod turn;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admitgate_fleet::{FleetLimit, Lease};
+use admitgate_fleet::FleetLimit;
 use tokio::sync::{oneshot, watch};
 
 use core_api::{
-    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Gate, Overflow, Registered, Rejection,
-    Stats, TransportId, Transports, TurnSlot, WaiterKey, Waker, Wakes,
+    ConcurrencyLimit, Decision, Gate, Overflow, Registered, Rejection, Stats, TransportId,
+    Transports, Waker, Wakes,
 };
+pub use lease::{LeaseRuntime, TokioRuntime, TurnLease};
+use turn::{Arrived, Claimed, Lane};
+pub use turn::{Held, Turn};
 
 /// Wakes a queued turn's future: the gate's hand-off, as a oneshot message.
 pub struct OneshotWaker(oneshot::Sender<()>);
@@ -110,6 +115,18 @@ pub struct PassageConfig {
     pub fleet: Option<FleetLimit>,
     /// Memory pressure, if memory-aware admission is on.
     pub resource: Option<ResourceCheck>,
+}
+
+impl Lane for Passage {
+    type Waker = OneshotWaker;
+
+    fn gate(&self) -> &Gate<OneshotWaker> {
+        &self.gate
+    }
+
+    fn transports(&self) -> &Transports {
+        &self.transports
+    }
 }
 
 /// One gate with its transports, fleet limit and clock: what every turn passes.
@@ -216,35 +233,88 @@ impl Passage {
             .queue_timeout
             .and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
         let tenant = (!scope.is_empty()).then_some(scope);
-        let (arrival, wakes) = self
-            .gate
-            .arrive(tenant, None, self.resource(), || self.now());
-        run(wakes);
-        let granted = match arrival {
-            Arrival::Admitted(scope) => scope,
-            Arrival::Rejected(reason, retry_after) => {
-                return Err(self.refused(transport, reason, retry_after));
-            }
-            Arrival::Queued(key) => self.wait_local(key, transport, deadline).await?,
-        };
-        let Some(fleet) = &self.fleet else {
-            self.transports.admitted(transport);
-            return Ok(self.permit(granted, None, transport));
-        };
-        // Held until the lease comes; dropped (the future cancelled), it revokes the slot.
-        let mut revoke = Revoke {
+        // Dropped before it became a permit (the future was cancelled), it abandons the turn.
+        let mut turn = Abandon {
             passage: self,
-            scope: granted.clone(),
-            armed: true,
+            turn: Turn::new(transport, self.fleet.is_some()),
         };
+        let _ = turn.turn.begin(&**self);
+        let (arrived, wakes) =
+            turn.turn
+                .arrive(&**self, tenant, None, self.resource(), None, || self.now());
+        run(wakes);
+        match arrived {
+            Arrived::Granted => {}
+            Arrived::Refused(refused) => return Err(refused),
+            Arrived::Queued(_) => self.wait_local(&mut turn.turn, deadline).await?,
+        }
+        if let Some(fleet) = &self.fleet {
+            self.wait_lease(&mut turn.turn, fleet, scope, deadline)
+                .await?;
+        }
+        let (_, wakes) = turn.turn.start(&**self, false, || self.now());
+        run(wakes);
+        let turn = std::mem::replace(&mut turn.turn, Turn::new(transport, false));
+        Ok(Permit {
+            passage: self.clone(),
+            turn,
+        })
+    }
+
+    /// Waits for a queued turn's outcome: granted its slot, or refused.
+    async fn wait_local(
+        &self,
+        turn: &mut Turn,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), Refused> {
+        let (tx, mut rx) = oneshot::channel();
+        if turn.register(self, OneshotWaker(tx)) == Registered::Waiting {
+            let woken = tokio::select! {
+                _ = &mut rx => true,
+                () = sleep_until(deadline) => false,
+            };
+            if !woken {
+                // Exactly one of grant and expiry wins, under the gate's lock.
+                run(turn.expire(self, Rejection::Timeout));
+            }
+        }
+        let (claimed, wakes) = turn.claim(self, || self.now());
+        run(wakes);
+        match claimed {
+            Claimed::Granted => Ok(()),
+            Claimed::Refused(refused) => Err(refused),
+            // Neither can happen after a wake or an expiry; answered as a timeout, never a hang.
+            Claimed::Waiting | Claimed::Withdrawn => {
+                if let Some(wakes) = turn.withdraw(self) {
+                    run(wakes);
+                }
+                self.transports
+                    .rejected(turn.transport(), Rejection::Timeout);
+                Err(Refused {
+                    reason: Rejection::Timeout,
+                    retry_after: None,
+                })
+            }
+        }
+    }
+
+    /// Waits for the fleet lease of a turn holding its local slot (same deadline; a
+    /// [`Passage::close`] ends the wait with `closing`). Without a queue (depth 0, overflow
+    /// `reject`) the fleet is asked once, never waited on, so a full fleet refuses at once as
+    /// a full local gate does.
+    async fn wait_lease(
+        &self,
+        turn: &mut Turn,
+        fleet: &FleetLimit,
+        scope: &str,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), Refused> {
         let lease_scope = if fleet.config().max_in_flight_per_scope > 0 {
             scope
         } else {
             ""
         };
         let mut closing = self.closing.subscribe();
-        // No queue (depth 0, refuse on overflow): the fleet is asked once, never waited on,
-        // so a full fleet refuses at once as a full local gate does.
         let limits = self.gate.limits();
         let no_queue = limits.queue_depth == 0 && limits.overflow == Overflow::Reject;
         let acquire = async {
@@ -266,101 +336,31 @@ impl Passage {
             () = sleep_until(deadline) => Err(Rejection::Timeout),
             _ = closing.wait_for(|closed| *closed) => Err(Rejection::Closing),
         };
-        revoke.armed = false;
         match outcome {
             Ok(lease) => {
-                self.gate.confirm();
-                self.transports.admitted(transport);
-                Ok(self.permit(granted, Some(lease), transport))
+                let runtime = Arc::new(TokioRuntime(tokio::runtime::Handle::current()));
+                let lease = TurnLease::new(fleet.clone(), lease, runtime);
+                turn.lease_granted(self, lease).map_err(|_| Refused {
+                    reason: Rejection::Closing,
+                    retry_after: None,
+                })
             }
             Err(reason) => {
-                let (hint, wakes) = self
-                    .gate
-                    .revoke(granted.as_deref(), Some(reason), || self.now());
-                run(wakes);
+                let hint = match turn.lease_ended(self, Some(reason), || self.now()) {
+                    Some((hint, wakes)) => {
+                        run(wakes);
+                        hint
+                    }
+                    None => None,
+                };
                 let hint = match reason {
                     Rejection::FleetUnavailable => Some(fleet.config().probe_interval),
                     _ => hint,
                 };
-                Err(self.refused(transport, reason, hint))
-            }
-        }
-    }
-
-    fn refused(
-        &self,
-        transport: TransportId,
-        reason: Rejection,
-        retry_after: Option<Duration>,
-    ) -> Refused {
-        self.transports.rejected(transport, reason);
-        Refused {
-            reason,
-            retry_after,
-        }
-    }
-
-    fn permit(
-        self: &Arc<Self>,
-        scope: Option<Arc<str>>,
-        lease: Option<Lease>,
-        transport: TransportId,
-    ) -> Permit {
-        Permit {
-            passage: self.clone(),
-            slot: TurnSlot::new(scope),
-            lease,
-            transport,
-        }
-    }
-
-    /// Waits for a queued turn's outcome; the scope it was granted in, or its refusal.
-    async fn wait_local(
-        &self,
-        key: WaiterKey,
-        transport: TransportId,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Option<Arc<str>>, Refused> {
-        self.transports.queued(transport);
-        let mut queued = Queued {
-            passage: self,
-            key,
-            transport,
-            armed: true,
-        };
-        let (tx, mut rx) = oneshot::channel();
-        let (registered, returned) = self.gate.register(key, OneshotWaker(tx));
-        drop(returned);
-        if registered == Registered::Waiting {
-            let woken = tokio::select! {
-                _ = &mut rx => true,
-                () = sleep_until(deadline) => false,
-            };
-            if !woken {
-                // Exactly one of grant and expiry wins, under the gate's lock.
-                let (_, wakes) = self.gate.expire(key);
-                run(wakes);
-            }
-        }
-        let (claim, wakes) = self.gate.claim(key, || self.now());
-        run(wakes);
-        queued.armed = false;
-        match claim {
-            Claim::Admitted(scope) => {
-                // `dequeued(.., false)`: the admitted count moves with the permit.
-                self.transports.dequeued(transport, false);
-                Ok(scope)
-            }
-            Claim::Refused(reason, retry_after) => {
-                self.transports.dequeued(transport, false);
-                Err(self.refused(transport, reason, retry_after))
-            }
-            // Neither can happen after a wake or an expiry; answered as a timeout, never a hang.
-            Claim::Waiting | Claim::Unknown => {
-                let (_, wakes) = self.gate.cancel(key);
-                run(wakes);
-                self.transports.dequeued(transport, false);
-                Err(self.refused(transport, Rejection::Timeout, None))
+                Err(Refused {
+                    reason,
+                    retry_after: hint,
+                })
             }
         }
     }
@@ -386,40 +386,18 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A queued turn whose future may be dropped: withdraws it.
-struct Queued<'a> {
-    passage: &'a Passage,
-    key: WaiterKey,
-    transport: TransportId,
-    armed: bool,
+/// A turn whose future may be dropped before it became a permit: abandons it (a queued turn
+/// withdraws, a turn waiting for its lease hands its slot on and counts as cancelled; the
+/// lease future dropped with it withdraws its fleet ticket).
+struct Abandon<'a> {
+    passage: &'a Arc<Passage>,
+    turn: Turn,
 }
 
-impl Drop for Queued<'_> {
+impl Drop for Abandon<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let (outcome, wakes) = self.passage.gate.cancel(self.key);
-            run(wakes);
-            debug_assert_ne!(outcome, Cancelled::Unknown);
-            self.passage.transports.dequeued(self.transport, false);
-        }
-    }
-}
-
-/// A turn holding its local slot while it waits for its lease: dropped armed (the future was
-/// cancelled), it hands the slot on and counts as cancelled.
-struct Revoke<'a> {
-    passage: &'a Passage,
-    scope: Option<Arc<str>>,
-    armed: bool,
-}
-
-impl Drop for Revoke<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let passage = self.passage;
-            let (_, wakes) = passage
-                .gate
-                .revoke(self.scope.as_deref(), None, || passage.now());
+        let passage = &**self.passage;
+        if let Some(wakes) = self.turn.abandon(passage, || passage.now()) {
             run(wakes);
         }
     }
@@ -429,37 +407,35 @@ impl Drop for Revoke<'_> {
 #[must_use = "the turn is admitted only while its permit is held"]
 pub struct Permit {
     passage: Arc<Passage>,
-    slot: TurnSlot,
-    lease: Option<Lease>,
-    transport: TransportId,
+    turn: Turn,
 }
 
 impl Permit {
     /// The transport it was admitted through.
     pub fn transport(&self) -> TransportId {
-        self.transport
+        self.turn.transport()
     }
 
-    /// The turn parks on a person: its local slot is lent to the queue.
+    /// The turn parks on a person: its local slot is lent to the queue, its fleet lease to
+    /// the fleet.
     pub fn suspend(&self) {
-        run(self.slot.suspend(&self.passage.gate));
+        run(self.turn.lend(&*self.passage));
     }
 
-    /// The turn resumes: it takes its slot back (borrowing one if none is free).
+    /// The turn resumes: it takes its slot and lease back (borrowing if there is no room).
     pub fn resume(&self) {
-        self.slot.resume(&self.passage.gate);
+        self.turn.take_back(&*self.passage);
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let passage = &self.passage;
+        let passage = &*self.passage;
         // Memory pressure is read on release only when someone waits for the slot.
-        let resource = passage.gate.has_waiters().then(|| passage.resource());
-        run(self.slot.close(&passage.gate, resource));
-        passage.transports.finished(self.transport);
-        // A lease dropped is given back on the fleet's runtime.
-        drop(self.lease.take());
+        let resource = || passage.gate.has_waiters().then(|| passage.resource());
+        if let Some(wakes) = self.turn.end(passage, resource, || None) {
+            run(wakes);
+        }
     }
 }
 
