@@ -1,44 +1,57 @@
-//! A turn's passage through admitgate, for any async Rust front end: the local slot from the
-//! core [`Gate`](core_api::Gate), then (with a fleet limit) the fleet lease, then the
-//! [`Permit`] that holds both until it is dropped.
+//! A turn's passage through admitgate: the local slot from the core [`Gate`](core_api::Gate),
+//! then (with a fleet limit) the fleet lease, then the run that holds both, for every front
+//! end: the broker's tokio [`Passage`] here, and the Python binding's asyncio awaitables and
+//! blocking `admit_sync` (the root crate).
 //!
 //! # Why this shape
 //!
 //! The core gate is a state machine that never blocks and never reads a clock: it hands a
 //! waiter's [`Waker`](core_api::Waker) back to the caller, who runs it after the lock is
-//! released. The Python binding wakes asyncio futures; a Rust front end wants a future it can
-//! `.await` and drop. So this crate is a tokio front end *beside* the core, not a second
-//! state machine: the waker is a `tokio::sync::oneshot` sender ([`OneshotWaker`]), and every
-//! decision (admit, queue, shed, time out, close, hand a slot on) stays in the core.
+//! released. What a whole turn adds to it (the order of slot, lease and run; which counter
+//! moves when; what is returned, exactly once, however the turn ends) is the same for every
+//! front end, while *how a turn waits* is not: a tokio future is dropped to cancel it, an
+//! asyncio awaitable is thrown into or closed, a blocked thread is interrupted by a signal.
 //!
-//! What this layer adds is the order and the bookkeeping of a whole turn, written once:
+//! So this crate is two layers:
+//!
+//! * [`turn::Turn`], a second state machine above the core's, as runtime-free as it is:
+//!   generic over the core's waker (a oneshot here, an asyncio future or a thread signal in
+//!   the binding) through [`turn::Lane`], with the clock, a foreign policy's
+//!   [`Decision`](core_api::Decision), the memory pressure, the lease and the provider's
+//!   report passed in as data, and the gate's wakes handed back to run once the driver has
+//!   released its own locks (the binding never holds one while Python runs). It owns
+//!   arrival → local slot (queued, granted, refused, withdrawn) → fleet lease (the core's
+//!   deferred admission confirmed, or revoked with the reason the caller saw) → running
+//!   ([`turn::Held`]: the slot and the [`TurnLease`], both lent during a human wait and taken
+//!   back) → end, and [`turn::Turn::abandon`], the one close path for a turn dropped at any
+//!   phase. The fork epoch is checked there too, so a turn of a forked parent never touches
+//!   the child's gate.
+//! * [`Passage`], a thin tokio driver of it: the waker is a `tokio::sync::oneshot` sender
+//!   ([`OneshotWaker`]); the queue wait and the lease wait are `select!`s against the deadline
+//!   and [`Passage::close`]; dropping the future drops the turn, which abandons it.
+//!
+//! The alternative, a tokio front end beside the binding's own turn code, is what this crate
+//! replaced: two copies of the counting rules drift (the broker counted a turn waiting for
+//! its lease as nothing; the binding as queued, which is what the caller experiences).
+//!
+//! # A turn of the tokio front end
 //!
 //! 1. **Local slot**: [`Passage::admit`] arrives at the gate; a queued turn waits on its
 //!    oneshot until it is granted, refused (shed, closing) or its deadline passes
 //!    ([`Gate::expire`](core_api::Gate::expire) races the grant under the gate's lock, so a
 //!    turn is granted or timed out, never both).
-//! 2. **Fleet lease**: with a [`FleetLimit`], the gate defers admission; a turn holding its
-//!    local slot waits for its lease (same deadline; a [`Passage::close`] ends the wait with
-//!    `closing`), then [`confirm`](core_api::Gate::confirm)s, or
-//!    [`revoke`](core_api::Gate::revoke)s with the reason the caller saw
-//!    (`fleet_unavailable`, `timeout`, `closing`) or as cancelled when the future was dropped.
-//!    Without a queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`)
-//!    and a full fleet refuses at once with `queue_full`, as a full local gate does.
-//! 3. **Counters settled as the caller experienced them**: the per-transport counters
-//!    ([`Transports`](core_api::Transports)) move when the outcome reaches the caller: queued
-//!    when it starts waiting, admitted when its permit exists, rejected with the reason it is
-//!    answered with, finished when the permit drops.
+//! 2. **Fleet lease**: with a [`FleetLimit`], a turn holding its local slot waits for its
+//!    lease (same deadline; a [`Passage::close`] ends the wait with `closing`). Without a
+//!    queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`) and a full
+//!    fleet refuses at once with `queue_full`, as a full local gate does.
+//! 3. **Counters settled as the caller experienced them** (by the [`Turn`]): queued while it
+//!    waits (for its slot or its lease), admitted when it may run, rejected with the reason it
+//!    is answered with, finished when the permit drops.
 //!
-//! Cancellation is dropping the future: a queued turn withdraws ([`Gate::cancel`]
-//! (core_api::Gate::cancel), which hands on a slot granted in the same instant), a turn
-//! waiting for its lease revokes its slot and drops the lease future (which withdraws the
-//! fleet ticket). The [`Permit`] is RAII: dropping it releases the slot and gives the lease
-//! back, exactly once, whatever ends the request (its body ended, its client left, a panic
-//! unwound through it).
-//!
-//! Human waits (lending the slot and the lease while a person decides) are the binding's
-//! today ([`Permit::suspend`] / [`Permit::resume`] lend and take back the local slot; the
-//! fleet lease's lending stays in `src/python/fleet/turn.rs` until the binding is ported).
+//! The [`Permit`] is RAII: dropping it ends the turn, releasing the slot and giving the lease
+//! back exactly once, whatever ends the request (its body ended, its client left, a panic
+//! unwound through it). [`Permit::suspend`] / [`Permit::resume`] lend and take back both the
+//! local slot and the fleet lease while a person decides.
 
 #![cfg_attr(
     not(test),

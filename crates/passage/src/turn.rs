@@ -231,6 +231,25 @@ impl Turn {
         matches!(self.phase, Phase::Running { .. })
     }
 
+    /// Whether anything is left to release or withdraw (it is queued, leasing, granted,
+    /// running or let through).
+    pub fn holds_anything(&self) -> bool {
+        !matches!(self.phase, Phase::Fresh | Phase::Arriving | Phase::Done)
+    }
+
+    /// Takes the turn out, leaving an ended one in its place: a driver that keeps the turn
+    /// behind a lock ends it outside, where the pressure and the report may call foreign code.
+    pub fn take(&mut self) -> Turn {
+        let ended = Turn {
+            transport: self.transport,
+            lease_follows: self.lease_follows,
+            epoch: self.epoch,
+            waited: self.waited,
+            phase: Phase::Done,
+        };
+        std::mem::replace(self, ended)
+    }
+
     fn current<L: Lane>(&self, lane: &L) -> bool {
         self.epoch == lane.epoch()
     }
