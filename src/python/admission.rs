@@ -78,8 +78,8 @@ pub struct AdmitArgs {
 pub(super) enum Entry {
     /// Runs now (or the gate is disabled), or with a fleet limit waits for its lease.
     Running,
-    /// Waits under `key`, until `deadline` at the latest (refused then for the reason).
-    Queued(WaiterKey, Option<Duration>, Rejection),
+    /// Waits under `key`, until the deadline at the latest (refused then for its reason).
+    Queued(WaiterKey, Option<(Duration, Rejection)>),
 }
 
 impl Admission {
@@ -334,13 +334,11 @@ impl Admission {
                     (a, b) => a.or(b),
                 };
                 let timed_out = timeout.and_then(deadline_after);
-                // The caller's deadline: refused once less of it is left than a turn takes.
-                let too_late = this.deadline_at.map(|d| core.deadline_timer(d));
-                Ok(match (timed_out, too_late) {
-                    (Some(t), Some(d)) if d < t => Entry::Queued(key, Some(d), Rejection::Deadline),
-                    (None, Some(d)) => Entry::Queued(key, Some(d), Rejection::Deadline),
-                    (t, _) => Entry::Queued(key, t, Rejection::Timeout),
-                })
+                let until = this
+                    .turn
+                    .lock()
+                    .wait_deadline(&**core, timed_out, this.deadline_at);
+                Ok(Entry::Queued(key, until))
             }
         }
     }

@@ -42,14 +42,9 @@ impl<'a> BlockingWait<'a> {
         }
     }
 
-    /// Blocks until the turn is granted a slot or refused (the rejection is raised), timing
-    /// out at `deadline` on [`now`]'s clock with `reason`.
-    pub fn wait(
-        &mut self,
-        py: Python<'_>,
-        deadline: Option<Duration>,
-        reason: Rejection,
-    ) -> PyResult<()> {
+    /// Blocks until the turn is granted a slot or refused (the rejection is raised), refused
+    /// at `until`'s deadline on [`now`]'s clock for its reason.
+    pub fn wait(&mut self, py: Python<'_>, until: Option<(Duration, Rejection)>) -> PyResult<()> {
         let core = self.admission.gate().get().core.clone();
         // Settled before registering: the claim below finds it.
         let _ = self
@@ -75,12 +70,12 @@ impl<'a> BlockingWait<'a> {
             // event loop need exist), so this thread does, every watch interval.
             let held_back = core.held_back();
             let longest = if held_back { WATCH_INTERVAL } else { SLICE };
-            let slice = match deadline {
-                Some(deadline) => deadline.saturating_sub(now()).min(longest),
+            let slice = match until {
+                Some((deadline, _)) => deadline.saturating_sub(now()).min(longest),
                 None => longest,
             };
-            if slice.is_zero() {
-                // Refuses the turn with `timeout` unless a slot was granted first; the claim
+            if let (true, Some((_, reason))) = (slice.is_zero(), until) {
+                // Refuses the turn for its reason unless a slot was granted first; the claim
                 // at the top of the loop tells which.
                 self.admission.expire(reason);
                 continue;

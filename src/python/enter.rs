@@ -63,12 +63,12 @@ impl Admission {
                     Ok(Py::new(py, wait)?.into_any())
                 }
             },
-            Entry::Queued(key, deadline, reason) => {
+            Entry::Queued(key, until) => {
                 let wait = Wait::new(
                     slf.clone().unbind(),
                     gate.core.clone(),
                     key,
-                    deadline.map(|at| (at, reason)),
+                    until,
                     fleet.is_some(),
                 );
                 // If the awaitable cannot be made, or on_queued raises, dropping the wait
@@ -83,7 +83,7 @@ impl Admission {
                             Some(wait),
                             fleet.clone_ref(py),
                             this.lease_scope(py, fleet)?,
-                            deadline,
+                            until.map(|(at, _)| at),
                             gate.lease_waits.register(),
                         );
                         Ok(Py::new(py, wait)?.into_any())
@@ -106,16 +106,16 @@ impl Admission {
         let fleet = this.gate().get().fleet();
         let deadline = match Self::arrive(slf)? {
             Entry::Running => this.deadline(),
-            Entry::Queued(key, deadline, reason) => {
+            Entry::Queued(key, until) => {
                 let mut wait = BlockingWait::new(this);
                 if let Err(err) = Self::announce_queued(slf, key) {
                     wait.withdraw(py);
                     return Err(err);
                 }
-                wait.wait(py, deadline, reason)?;
+                wait.wait(py, until)?;
                 this.waited.store(true, Ordering::Relaxed);
                 Self::enter(slf)?;
-                deadline
+                until.map(|(at, _)| at)
             }
         };
         let Some(fleet) = fleet else {

@@ -333,6 +333,23 @@ impl Turn {
         (arrived, wakes)
     }
 
+    /// When the queued turn is refused if it still waits, and why: at `timeout_at` (its
+    /// queue timeout, on the caller's clock) with `timeout`, or, when it comes first, once
+    /// less of the caller's `deadline` is left than a turn takes, with `deadline`.
+    pub fn wait_deadline<L: Lane>(
+        &self,
+        lane: &L,
+        timeout_at: Option<Duration>,
+        deadline: Option<Duration>,
+    ) -> Option<(Duration, Rejection)> {
+        let too_late = deadline.map(|d| lane.gate().deadline_timer(d));
+        match (timeout_at, too_late) {
+            (Some(t), Some(d)) if d < t => Some((d, Rejection::Deadline)),
+            (None, Some(d)) => Some((d, Rejection::Deadline)),
+            (t, _) => t.map(|t| (t, Rejection::Timeout)),
+        }
+    }
+
     /// Registers the queued turn's waker. [`Registered::Settled`]: claim now.
     pub fn register<L: Lane>(&mut self, lane: &L, waker: L::Waker) -> Registered {
         let Phase::Queued(key) = self.phase else {

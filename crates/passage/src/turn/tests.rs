@@ -233,3 +233,27 @@ fn a_turn_of_the_parent_of_a_fork_leaves_the_childs_gate_alone() {
     assert_eq!(lane.gate.stats(now).in_flight, 0);
     assert_eq!(counted(&lane), (0, 0, 0, 0));
 }
+
+#[test]
+fn a_queued_turn_is_refused_at_the_earlier_of_its_queue_timeout_and_its_deadline() {
+    let lane = lane(1, 1, false);
+    let turn = Turn::new(TransportId::DIRECT, false);
+    let (at, soon) = (Duration::from_secs(5), Duration::from_secs(2));
+    assert_eq!(turn.wait_deadline(&lane, None, None), None);
+    assert_eq!(
+        turn.wait_deadline(&lane, Some(at), None),
+        Some((at, Rejection::Timeout))
+    );
+    assert_eq!(
+        turn.wait_deadline(&lane, Some(at), Some(soon)),
+        Some((soon, Rejection::Deadline))
+    );
+    assert_eq!(
+        turn.wait_deadline(&lane, Some(soon), Some(at)),
+        Some((soon, Rejection::Timeout))
+    );
+    assert_eq!(
+        turn.wait_deadline(&lane, None, Some(at)),
+        Some((at, Rejection::Deadline))
+    );
+}
