@@ -201,6 +201,8 @@ def test_deadline_refuses_a_turn_that_cannot_finish_and_never_one_that_runs_at_o
             await asyncio.sleep(0.06)
             assert waiter.done()
             assert waiter.exception().reason == "deadline"
+            # No hint while waiting either: a deadline is not a reason to retry sooner.
+            assert waiter.exception().retry_after is None
         stats = gate.stats()
         assert (stats["admitted"], stats["rejected"]) == (2, 2)
 

@@ -12,7 +12,8 @@
 //!   defaults), [`server`] (accepting, first-bytes timeout, drain), [`proxy`] (classify,
 //!   admit, forward, upgrades), [`body`] (the permit held until the response body ends),
 //!   [`headers`] (hop-by-hop), [`refusal`] (the refusal answers), [`metrics`] (`/metrics`,
-//!   `/livez`, `/readyz`), [`memory`] (the agent container's cgroup memory), [`logging`].
+//!   `/livez`, `/readyz`), [`memory`] (the agent container's cgroup memory), [`logging`],
+//!   [`deadline`] (the caller's deadline, from its headers).
 //!
 //! # No panics
 //!
@@ -37,6 +38,7 @@
 
 pub mod body;
 pub mod config;
+pub mod deadline;
 pub mod headers;
 pub mod logging;
 pub mod memory;

@@ -9,9 +9,11 @@
 //! 2. **Classification** ([`admitgate_classify::Rules`]): gRPC by its method path; HTTP by
 //!    the SDK's route table; a POST to the JSON-RPC endpoint by its body, of which at most
 //!    `max_peek_bytes` are read (and replayed to the agent exactly).
-//! 3. **Admission** through the [`Passage`]: a refusal is answered in place
-//!    ([`crate::refusal`]); an admitted request's permit rides in its response body
-//!    ([`Held`]) until the body ends or the client goes away.
+//! 3. **Admission** through the [`Passage`], with the caller's deadline
+//!    ([`crate::deadline`]: `grpc-timeout`, or Envoy's `x-envoy-expected-rq-timeout-ms`):
+//!    a refusal is answered in place ([`crate::refusal`]); an admitted request's permit
+//!    rides in its response body ([`Held`]) until the body ends or the client goes away,
+//!    and its deadline header is forwarded with the time left.
 //! 4. **Forwarding**: hop-by-hop headers stripped both ways (`te: trailers` kept), gRPC to
 //!    the gRPC upstream over h2c, everything else over HTTP/1.1 from a pool whose idle
 //!    connections are dropped before the agent's keep-alive would close them.
@@ -37,6 +39,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use crate::body::{BoxError, Held, Replayed};
 use crate::config::{Config, TenantFrom, Upstream};
+use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
 use crate::refusal::{self, Shape};
@@ -165,7 +168,7 @@ impl Broker {
             }
         }
         let grpc = is_grpc(&request);
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let path = decode_path(parts.uri.path());
         let mut rest_tenant = false;
         let (verdict, transport, body) = if grpc {
@@ -208,8 +211,20 @@ impl Broker {
         let permit = match (&verdict, transport) {
             (Verdict::Gate { id }, Some(tid)) => {
                 let tenant = self.tenant(&parts.headers, &path, rest_tenant);
-                match self.passage.admit(&tenant, tid).await {
-                    Ok(permit) => Some(permit),
+                let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
+                match self.passage.admit_by(&tenant, tid, deadline).await {
+                    Ok(permit) => {
+                        if let Some(deadline) = deadline {
+                            // The agent sees what its caller still waits, after the queue.
+                            deadline::rewrite_remaining(
+                                &mut parts.headers,
+                                grpc,
+                                deadline,
+                                Instant::now(),
+                            );
+                        }
+                        Some(permit)
+                    }
                     Err(refused) => {
                         let shape = if grpc {
                             Shape::Grpc

@@ -844,7 +844,9 @@ impl<W> GateState<W> {
             }
             WaiterState::Refused(reason) => {
                 let retry = match reason {
-                    Rejection::Closing => None,
+                    // The caller's own deadline cannot be met: retrying sooner does not help
+                    // (and a refusal on arrival has no hint either).
+                    Rejection::Closing | Rejection::Deadline => None,
                     _ => Some(self.retry_hint(self.queue.len(), now())),
                 };
                 Claim::Refused(reason, retry)
@@ -937,7 +939,7 @@ impl<W> GateState<W> {
         self.give_slot(scope);
         self.dispatch(1, wakes);
         match reason {
-            None | Some(Rejection::Closing) => None,
+            None | Some(Rejection::Closing | Rejection::Deadline) => None,
             Some(_) => Some(self.retry_hint(self.queue.len(), now())),
         }
     }

@@ -2,7 +2,9 @@
 //!
 //! The core is the `admitgate-core` crate (`crates/core`), pure Rust like this one.
 
+pub use admitgate_core::gate::TurnEnd;
 pub use admitgate_core::histogram::HistogramSnapshot;
+pub use admitgate_core::overload::{Discipline, Outcome};
 pub use admitgate_core::policy::MemoryPressure;
 pub use admitgate_core::transport::{
     RequestLabel, TransportError, TransportId, TransportStats, Transports, PASSTHROUGH,

@@ -37,16 +37,24 @@
 //! # A turn of the tokio front end
 //!
 //! 1. **Local slot**: [`Passage::admit`] arrives at the gate; a queued turn waits on its
-//!    oneshot until it is granted, refused (shed, closing) or its deadline passes
-//!    ([`Gate::expire`](core_api::Gate::expire) races the grant under the gate's lock, so a
-//!    turn is granted or timed out, never both).
+//!    oneshot until it is granted, refused (shed, closing) or its wait ends
+//!    ([`Gate::expire_for`](core_api::Gate::expire_for) races the grant under the gate's
+//!    lock, so a turn is granted or timed out, never both). The wait ends at the queue
+//!    timeout or, with the caller's deadline ([`Passage::admit_by`]), once less of the
+//!    deadline is left than a turn takes (refused with `deadline`), whichever is first
+//!    ([`Turn::wait_deadline`], the binding's `deadline_s` rule); the core refuses at once a
+//!    turn that would queue past its deadline.
 //! 2. **Fleet lease**: with a [`FleetLimit`], a turn holding its local slot waits for its
-//!    lease (same deadline; a [`Passage::close`] ends the wait with `closing`). Without a
+//!    lease (same end, same reasons; a [`Passage::close`] ends the wait with `closing`),
+//!    refused with `fleet_unavailable`, `timeout`, `deadline` or `closing`. Without a
 //!    queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`) and a full
 //!    fleet refuses at once with `queue_full`, as a full local gate does.
 //! 3. **Counters settled as the caller experienced them** (by the [`Turn`]): queued while it
 //!    waits (for its slot or its lease), admitted when it may run, rejected with the reason it
 //!    is answered with, finished when the permit drops.
+//! 4. **Timing**: the first turn that brings a deadline starts timing turns (as the
+//!    binding's first `deadline_s` does), so the gate learns the service time it checks
+//!    deadlines against; a timed permit reports its turn's end (as served) when it drops.
 //!
 //! The [`Permit`] is RAII: dropping it ends the turn, releasing the slot and giving the lease
 //! back exactly once, whatever ends the request (its body ended, its client left, a panic
@@ -78,11 +86,11 @@ use admitgate_fleet::FleetLimit;
 use tokio::sync::{oneshot, watch};
 
 use core_api::{
-    ConcurrencyLimit, Decision, Gate, Overflow, Registered, Rejection, Stats, TransportId,
-    Transports, Waker, Wakes,
+    ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered, Rejection, Stats,
+    TransportId, Transports, Waker, Wakes,
 };
 pub use lease::{LeaseRuntime, TokioRuntime, TurnLease};
-use turn::{Arrived, Claimed, Lane};
+use turn::{Arrived, Claimed, Lane, Report};
 pub use turn::{Held, Turn};
 
 /// Wakes a queued turn's future: the gate's hand-off, as a oneshot message.
@@ -242,9 +250,29 @@ impl Passage {
         scope: &str,
         transport: TransportId,
     ) -> Result<Permit, Refused> {
-        let deadline = self
+        self.admit_by(scope, transport, None).await
+    }
+
+    /// [`Passage::admit`] for a caller who waits until `deadline` at most (its gRPC
+    /// deadline, an HTTP deadline header). A turn that would run at once always does; one
+    /// that would queue is refused with `deadline` at once when less of its deadline is left
+    /// than a turn takes, and later, while it waits (for its slot or its lease), once that
+    /// becomes so, unless its queue timeout comes first.
+    pub async fn admit_by(
+        self: &Arc<Self>,
+        scope: &str,
+        transport: TransportId,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Refused> {
+        // On the passage's clock, as the core takes time.
+        let timeout_at = self
             .queue_timeout
-            .and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
+            .and_then(|timeout| self.now().checked_add(timeout));
+        let deadline = deadline.map(|at| at.saturating_duration_since(self.epoch));
+        if deadline.is_some() && !self.gate.times_turns() {
+            // Learn the service time deadlines are checked against (what the binding does).
+            self.gate.enable_overload(None, Discipline::Fifo);
+        }
         let tenant = (!scope.is_empty()).then_some(scope);
         // Dropped before it became a permit (the future was cancelled), it abandons the turn.
         let mut turn = Abandon {
@@ -254,16 +282,21 @@ impl Passage {
         let _ = turn.turn.begin(&**self);
         let (arrived, wakes) =
             turn.turn
-                .arrive(&**self, tenant, None, self.resource(), None, || self.now());
+                .arrive(&**self, tenant, None, self.resource(), deadline, || {
+                    self.now()
+                });
         run(wakes);
         match arrived {
             Arrived::Granted => {}
             Arrived::Refused(refused) => return Err(refused),
-            Arrived::Queued(_) => self.wait_local(&mut turn.turn, deadline).await?,
+            Arrived::Queued(_) => {
+                let ends = self.wait_ends(&turn.turn, timeout_at, deadline);
+                self.wait_local(&mut turn.turn, ends).await?;
+            }
         }
         if let Some(fleet) = &self.fleet {
-            self.wait_lease(&mut turn.turn, fleet, scope, deadline)
-                .await?;
+            let ends = self.wait_ends(&turn.turn, timeout_at, deadline);
+            self.wait_lease(&mut turn.turn, fleet, scope, ends).await?;
         }
         let (_, wakes) = turn.turn.start(&**self, false, || self.now());
         run(wakes);
@@ -274,21 +307,34 @@ impl Passage {
         })
     }
 
+    /// When a wait begun now ends, and the reason it is refused for then (see
+    /// [`Turn::wait_deadline`]), on tokio's clock.
+    fn wait_ends(
+        &self,
+        turn: &Turn,
+        timeout_at: Option<Duration>,
+        deadline: Option<Duration>,
+    ) -> Option<(tokio::time::Instant, Rejection)> {
+        let (at, reason) = turn.wait_deadline(self, timeout_at, deadline)?;
+        let at = tokio::time::Instant::from_std(self.epoch).checked_add(at)?;
+        Some((at, reason))
+    }
+
     /// Waits for a queued turn's outcome: granted its slot, or refused.
     async fn wait_local(
         &self,
         turn: &mut Turn,
-        deadline: Option<tokio::time::Instant>,
+        ends: Option<(tokio::time::Instant, Rejection)>,
     ) -> Result<(), Refused> {
         let (tx, mut rx) = oneshot::channel();
         if turn.register(self, OneshotWaker(tx)) == Registered::Waiting {
-            let woken = tokio::select! {
-                _ = &mut rx => true,
-                () = sleep_until(deadline) => false,
+            let expired = tokio::select! {
+                _ = &mut rx => None,
+                reason = sleep_until(ends) => Some(reason),
             };
-            if !woken {
+            if let Some(reason) = expired {
                 // Exactly one of grant and expiry wins, under the gate's lock.
-                run(turn.expire(self, Rejection::Timeout));
+                run(turn.expire(self, reason));
             }
         }
         let (claimed, wakes) = turn.claim(self, || self.now());
@@ -320,7 +366,7 @@ impl Passage {
         turn: &mut Turn,
         fleet: &FleetLimit,
         scope: &str,
-        deadline: Option<tokio::time::Instant>,
+        ends: Option<(tokio::time::Instant, Rejection)>,
     ) -> Result<(), Refused> {
         let lease_scope = if fleet.config().max_in_flight_per_scope > 0 {
             scope
@@ -346,7 +392,7 @@ impl Passage {
         };
         let outcome = tokio::select! {
             lease = acquire => lease,
-            () = sleep_until(deadline) => Err(Rejection::Timeout),
+            reason = sleep_until(ends) => Err(reason),
             _ = closing.wait_for(|closed| *closed) => Err(Rejection::Closing),
         };
         match outcome {
@@ -392,9 +438,13 @@ impl Passage {
     }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+/// Sleeps until a wait's end, then gives its reason; never ends without one.
+async fn sleep_until(ends: Option<(tokio::time::Instant, Rejection)>) -> Rejection {
+    match ends {
+        Some((at, reason)) => {
+            tokio::time::sleep_until(at).await;
+            reason
+        }
         None => std::future::pending().await,
     }
 }
@@ -446,7 +496,17 @@ impl Drop for Permit {
         let passage = &*self.passage;
         // Memory pressure is read on release only when someone waits for the slot.
         let resource = || passage.gate.has_waiters().then(|| passage.resource());
-        if let Some(wakes) = self.turn.end(passage, resource, || None) {
+        // A permit does not know how its turn went (a proxy relays the answer without
+        // reading it): every timed turn counts as served, for the service time that
+        // deadlines are checked against.
+        let report = || {
+            Some(Report {
+                outcome: Outcome::Success,
+                remaining: None,
+                ended_at: passage.now(),
+            })
+        };
+        if let Some(wakes) = self.turn.end(passage, resource, report) {
             run(wakes);
         }
     }
