@@ -164,7 +164,10 @@ impl Admission {
     /// The turn holds its slot: it starts, with the human-wait hook bound. With a fleet
     /// limit it first waits for its lease ([`Admission::lease_granted`] starts it).
     pub fn enter(admission: &Bound<'_, Self>) -> PyResult<()> {
-        if admission.get().turn.lock().is_leasing() {
+        let this = admission.get();
+        // Only a gate with a fleet limit has leases to wait for (its lock is not taken
+        // otherwise: this is every admitted turn's path).
+        if this.gate.get().fleet().is_some() && this.turn.lock().is_leasing() {
             return Ok(());
         }
         Self::start(admission)
