@@ -179,7 +179,9 @@ impl Admission {
         let core = this.core();
         let var = human_wait_scope(py);
         let (held, wakes) = this.turn.lock().start(&**core, var.is_some(), now);
-        wakes.run();
+        if !wakes.is_empty() {
+            wakes.run(); // only a timed turn's start can wake anyone
+        }
         let (Some(var), Some(held)) = (var, held) else {
             return Ok(());
         };
@@ -390,8 +392,10 @@ impl Admission {
             }
             turn.take()
         };
-        let token = self.token.lock().take();
-        if let (Some(token), Some(var)) = (token, human_wait_scope(py)) {
+        // Without praisonaiagents no token was ever bound: its lock is not taken.
+        let var = human_wait_scope(py);
+        let token = var.and_then(|_| self.token.lock().take());
+        if let (Some(token), Some(var)) = (token, var) {
             // Exited in another context (the body handed the turn to another task): the
             // variable cannot be reset there, and nothing depends on it after exit.
             let _ = call_method_one(var, pyo3::intern!(py, "reset"), token.bind(py));
