@@ -8,7 +8,8 @@ one run, interleaved (each round runs every subject once, in a rotated order):
 * the **subjects**: ``direct`` (oha to nginx), ``haproxy`` (Debian's package: a backend
   server with ``maxconn`` and a queue, the closest existing peer), ``broker`` (the standalone
   binary, ``target/release/admitgate-broker``) and ``python -m admitgate broker`` (the same
-  binary started through ``admitgate.broker.main``);
+  broker in the Python process, through the extension module: build it with ``maturin
+  develop --release`` to measure it);
 * the **load**: oha at a fixed rate with ``--latency-correction``, HTTP/1.1 and h2c, a gated
   request (``POST /message:send``, the broker's cap far above the load so nothing is refused).
 
@@ -190,32 +191,14 @@ class Broker(Subject):
             "--upstream-idle-timeout",
             "30",
         ]
-        env = {**os.environ, "ADMITGATE_BROKER": str(BROKER)}
         if via_python:
-            command = [
-                sys.executable,
-                "-c",
-                "import admitgate.broker as b, sys; sys.exit(b.main(sys.argv[1:]))",
-                *flags,
-            ]
+            command = [sys.executable, "-m", "admitgate", "broker", *flags]
         else:
             command = [str(BROKER), *flags]
-        self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=env)
+        self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         wait_port(self.h1)
-        self.pid = self._broker_pid(via_python)
-
-    def _broker_pid(self, via_python: bool) -> int:
-        if not via_python:
-            return self.process.pid
-        # The broker is the Python process's child: its CPU and RSS are what is measured.
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-            pids = children.read_text().split()
-            if pids:
-                return int(pids[0])
-            time.sleep(0.05)
-        raise RuntimeError("the broker child did not start")
+        # In-process either way: the interpreter's own RSS and CPU count for the Python one.
+        self.pid = self.process.pid
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

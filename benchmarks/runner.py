@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .adaptive import bench_adaptive, bench_adaptive_cost
+from .asgi_jsonrpc import bench_asgi_jsonrpc
 from .asgi_parsers import bench_asgi_parsers
 from .contended import bench_contended
 from .harness import CheckFailed, Result, perf, print_result
@@ -39,6 +40,7 @@ WORKLOADS: dict[str, Workload] = {
     "adaptive": bench_adaptive,
     "adaptive-cost": bench_adaptive_cost,
     "asgi-parsers": bench_asgi_parsers,
+    "asgi-jsonrpc": bench_asgi_jsonrpc,
 }
 
 #: Sizes of a full run and of ``--quick`` (tiny sizes, one repetition: the CI smoke test).
@@ -62,6 +64,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "scan_bytes": 65536,
         "scan_before_reps": 3,
         "classify_calls": 20_000,
+        "jsonrpc_calls": 20_000,
     },
     "quick": {
         "reps": 1,
@@ -81,6 +84,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "scan_bytes": 4096,
         "scan_before_reps": 1,
         "classify_calls": 200,
+        "jsonrpc_calls": 200,
     },
 }
 

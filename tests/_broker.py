@@ -1,7 +1,8 @@
 """The admitgate broker as the tests run it: the standalone binary (``cargo build -p
-admitgate-broker``, debug) started on loopback ports chosen by the OS.
+admitgate-broker``, debug), or Python running it in-process (``python -m admitgate broker``,
+``admitgate.broker.serve()``), started on loopback ports chosen by the OS.
 
-:class:`BrokerProcess` starts the binary with ``--listen 127.0.0.1:0 --metrics-listen
+:class:`BrokerProcess` starts the broker with ``--listen 127.0.0.1:0 --metrics-listen
 127.0.0.1:0``, reads its structured stderr (one JSON object per line) on a thread, learns its
 addresses from the ``listening`` line, and reads ``/metrics`` into a dict.
 """
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,20 @@ def build_broker() -> Path:
 
 
 class BrokerProcess:
-    """One broker process; ``args`` are its flags beyond the listen addresses."""
+    """One broker process; ``args`` are its flags beyond the listen addresses. ``binary`` is
+    the program run with ``prefix`` before the flags: the broker binary, or the Python
+    interpreter with ``("-m", "admitgate", "broker")`` or a script; what it prints on stdout
+    is :attr:`output` once it has stopped."""
 
-    def __init__(self, binary: Path, *args: str, metrics: bool = True) -> None:
-        command = [str(binary), "--listen", "127.0.0.1:0", *args]
+    def __init__(
+        self, binary: Path | str, *args: str, metrics: bool = True, prefix: Sequence[str] = ()
+    ) -> None:
+        command = [str(binary), *prefix, "--listen", "127.0.0.1:0", *args]
         if metrics:
             command += ["--metrics-listen", "127.0.0.1:0"]
+        self.output = ""
         self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         self.lines: list[dict[str, Any]] = []
         self.raw: list[str] = []
@@ -96,15 +104,19 @@ class BrokerProcess:
                 raise AssertionError(f"{name} stayed {self.gauge(name)}, expected {value}")
             time.sleep(0.01)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        """Sends ``sig`` and waits for the exit code."""
-        if self.process.poll() is None:
+    def stop(self, sig: int | None = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Sends ``sig`` (``None``: none, it is ending by itself) and waits for the exit
+        code."""
+        if sig is not None and self.process.poll() is None:
             self.process.send_signal(sig)
         try:
             code = self.process.wait(timeout)
         finally:
             self.kill()
         self._reader.join(5)
+        if self.process.stdout is not None:
+            self.output = self.process.stdout.read().decode("utf-8", "replace")
+            self.process.stdout.close()
         if self.process.stderr is not None:
             self.process.stderr.close()
         return code

@@ -1,19 +1,19 @@
 """The parsers AdmissionMiddleware runs on untrusted bytes: right, and linear in their input.
 
-Before admission the middleware reads the start of a JSON-RPC body (``_parse`` when it fits
-``max_peek_bytes``, ``_scan_head`` when it does not) and classifies the request path. A
-client chooses every byte of both, and the middleware runs on the server's event loop, so a
-parse that is slower than linear on some shape stalls every other request on that server.
+Before admission the middleware reads the start of a JSON-RPC body and classifies the request
+path, both with the rules in ``crates/classify`` (``A2ARules``, which the broker runs too): a
+body that fits ``max_peek_bytes`` is read whole, one that does not only for its ``id``, from
+the prefix. A client chooses every byte of both, and the middleware runs on the server's
+event loop, so a parse that is slower than linear on some shape stalls every other request on
+that server.
 
-Checked here:
+Checked here (what the reader reads is checked against ``json.loads`` and the A2A SDK in
+``tests/test_jsonrpc_reader.py``):
 
-- ``_scan_head`` finds what ``json.loads`` finds in a whole body (same ``method`` and ``id``,
-  duplicate keys included; it looks at the first 64 top-level members only), and never a
-  wrong value in a cut one;
 - every parser, on every adversarial shape, scans 64 KiB within a bound and scales linearly
   (64 KiB against eight times 8 KiB);
-- nesting deeper than ``json`` follows is an unreadable body (which the middleware gates),
-  not an exception out of the middleware.
+- nesting deeper than ``json`` follows is read, not an exception out of the middleware, and
+  the request is classified by its ``method``.
 """
 
 from __future__ import annotations
@@ -26,99 +26,39 @@ from typing import Any
 
 import admitgate
 import pytest
-from admitgate.asgi import _TOO_DEEP, AdmissionMiddleware, _parse, _scan_head
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from admitgate._admitgate import A2ARules
+from admitgate.asgi import AdmissionMiddleware
 
 KIB = 1024
 
-# -- differential: _scan_head against json.loads ----------------------------------------------
-
-_SCALARS = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**30), max_value=10**30)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-_VALUES = st.recursive(
-    _SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
-    max_leaves=8,
-)
-_KEYS = st.sampled_from(["method", "id", "params", "jsonrpc", "x", 'm"e', "méthode", ""])
-# Members of a request object, duplicates allowed (json.loads keeps the last).
-_MEMBERS = st.lists(
-    st.tuples(
-        _KEYS,
-        st.one_of(
-            _VALUES,
-            st.sampled_from(["SendMessage", "GetTask", "message/send"]),
-            # A nested "method"/"id" that must not be taken for the request's.
-            st.fixed_dictionaries({"method": st.just("GetTask"), "id": st.just("inner")}),
-        ),
-    ),
-    max_size=6,
-)
+# A body read whole (it fits the peek limit), and one read only for its id from the prefix.
+_WHOLE = A2ARules("", "/", gate_all=False, max_peek_bytes=1 << 20)
+_HEAD = A2ARules("", "/", gate_all=False, max_peek_bytes=64 * KIB)
 
 
-def _encode(members: list[tuple[str, Any]], ensure_ascii: bool, spaced: bool) -> bytes:
-    colon, comma = (" : ", " ,\n\t") if spaced else (":", ",")
-    parts = [
-        json.dumps(k, ensure_ascii=ensure_ascii) + colon + json.dumps(v, ensure_ascii=ensure_ascii)
-        for k, v in members
-    ]
-    return ("{" + comma.join(parts) + "}").encode()
+def _parse(body: bytes) -> tuple[bool, object]:
+    return _WHOLE.jsonrpc(body, True)
 
 
-@given(members=_MEMBERS, ensure_ascii=st.booleans(), spaced=st.booleans(), cut=st.data())
-@settings(max_examples=100, deadline=None)
-def test_scan_head_finds_what_json_loads_finds(
-    members: list[tuple[str, Any]], ensure_ascii: bool, spaced: bool, cut: st.DataObject
-) -> None:
-    body = _encode(members, ensure_ascii, spaced)
-    request = json.loads(body)
-    expected = (request.get("method"), request.get("id"))
-    assert _scan_head(body) == expected
-    # Any prefix: a member is either not found yet or found with a whole value it has in the
-    # body (with duplicate keys, the last one the prefix holds).
-    n = cut.draw(st.integers(min_value=0, max_value=len(body)))
-    method, rpc_id = _scan_head(body[:n])
-    assert method is None or method in [v for k, v in members if k == "method"]
-    assert rpc_id is None or rpc_id in [v for k, v in members if k == "id"]
-
-
-def test_scan_head_edge_cases() -> None:
-    # A value must be followed by "," or "}" to be whole: "1." may be a cut "1.5".
-    assert _scan_head(b'{"id": 1.') == (None, None)
-    assert _scan_head(b'{"id": 1') == (None, None)
-    assert _scan_head(b'{"id": 1.5,') == (None, 1.5)
-    assert _scan_head(b'{"id": "a"') == (None, None)
-    assert _scan_head(b'{"id": "a" }') == (None, "a")
-    # Escaped keys are keys: "\u006d..." is "method".
-    assert _scan_head(b'{"\\u006dethod": "SendMessage", "id": 7}') == ("SendMessage", 7)
-    # Only JSON whitespace separates tokens, as for json.loads.
-    assert _scan_head(b'{\x0b"id": 1}') == (None, None)
-    # Past the first 64 members the scan stops (a JSON-RPC request has four).
-    many = b'{"id": 1, ' + b'"x": 0, ' * 62 + b'"id": 2, "id": 3}'
-    assert json.loads(many)["id"] == 3 and _scan_head(many) == (None, 2)
-    # Not an object, or nothing at all.
-    assert _scan_head(b"") == (None, None)
-    assert _scan_head(b'["id", 1]') == (None, None)
+def _scan_head(head: bytes) -> tuple[bool, object]:
+    return _HEAD.jsonrpc(head, False)
 
 
 # -- nesting deeper than json follows ---------------------------------------------------------
 
 
-def test_nesting_deeper_than_json_follows_is_unreadable_not_an_error() -> None:
-    """Fails before the fix: json raised RecursionError out of _parse and _scan_head, so the
-    middleware raised (a 500) instead of deciding."""
-    deep = b"[" * 5000
-    assert _parse(deep) is _TOO_DEEP
-    assert _parse(b'{"method": "SendMessage", "params": ' + deep) is _TOO_DEEP
-    assert _parse(b"[" * 50 + b"]" * 50) == json.loads(b"[" * 50 + b"]" * 50)
-    assert _scan_head(b'{"id": 5, "params": ' + deep) == (None, 5)
-    assert _scan_head(b'{"id": ' + deep) == (None, None)
+def test_nesting_deeper_than_json_follows_is_read_by_its_method() -> None:
+    """Once json raised RecursionError out of the middleware (a 500); the reader follows
+    nesting with a counter, not the stack, so the method decides as for any body (a body the
+    app cannot parse runs no work, and one it can is what the method says)."""
+    deep = b"[" * 5000 + b"]" * 5000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    assert _parse(b'{"method": "SendMessage", "id": 3, "params": ' + deep + b"}") == (True, 3)
+    assert _parse(b'{"method": "GetTask", "id": 3, "params": ' + deep + b"}") == (False, None)
+    assert _parse(b"[" * 5000) == (False, None)  # not JSON: no request
+    assert _scan_head(b'{"id": 5, "params": ' + b"[" * 5000) == (True, 5)
+    assert _scan_head(b'{"id": ' + b"[" * 5000) == (True, None)
 
 
 # -- time bounds ------------------------------------------------------------------------------

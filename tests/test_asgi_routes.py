@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,6 +92,8 @@ class Oracle:
     def __init__(self, app: Starlette) -> None:
         self.app = app
         self.hit: list[int] = []
+        # What the reached endpoint saw as path_params["tenant"] (None: no tenant route).
+        self.tenants: list[str | None] = []
         self.loop = asyncio.new_event_loop()
         seen: set[int] = set()
         self.route_paths: list[str] = []
@@ -108,6 +111,7 @@ class Oracle:
     def _recorder(self, verdict: int) -> Any:
         async def endpoint(scope: Any, receive: Any, send: Any) -> None:
             self.hit.append(verdict)
+            self.tenants.append(scope.get("path_params", {}).get("tenant"))
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b""})
 
@@ -136,6 +140,7 @@ class Oracle:
             return None
 
         self.hit.clear()
+        self.tenants.clear()
         self.loop.run_until_complete(self.app(scope, receive, send))
         assert len(self.hit) <= 1
         return self.hit[0] if self.hit else _PASS
@@ -238,6 +243,26 @@ def test_classification_matches_the_sdk_router(
     assert _middleware()._classify(method, path, root_path) == expected, (method, path)
 
 
+def _route_tenant(oracle: Oracle, method: str, path: str, root_path: str = "") -> str | None:
+    """The tenant Starlette's router handed the SDK endpoint it reached (None: no endpoint,
+    or one outside the tenant mount)."""
+    oracle.verdict(method, path, root_path)
+    return oracle.tenants[0] if oracle.tenants else None
+
+
+@given(method=st.sampled_from(METHODS), path=_PATHS, root_path=_ROOTS, under=st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_the_tenant_is_the_sdk_routers(
+    root: Oracle, method: str, path: str, root_path: str, under: bool
+) -> None:
+    """The tenant crates/classify takes from a path (the broker's ``--tenant-from path``)
+    is ``path_params["tenant"]`` of the endpoint the real router reaches."""
+    path = _rooted(root_path, path, under)
+    expected = _route_tenant(root, method, path, root_path)
+    rules = _middleware()._rules
+    assert rules.tenant(method, path, root_path) == expected, (method, path, root_path)
+
+
 def _sweep(route_paths: list[str]) -> Iterator[str]:
     """Every SDK route path with {id} and {push_id} filled from TOKENS, alone and under every
     token as a tenant."""
@@ -263,6 +288,9 @@ def test_every_route_under_every_tenant(root: Oracle) -> None:
             got = middleware._classify(method, path, "")
             if got != expected:
                 mismatches.append((method, path, got, expected))
+            tenant = root.tenants[0] if root.tenants else None
+            if middleware._rules.tenant(method, path, "") != tenant:
+                mismatches.append((method, path, "tenant", tenant))
     assert not mismatches, mismatches[:20]
 
 
@@ -322,7 +350,6 @@ def test_jsonrpc_work_methods_are_the_sdks_work_methods() -> None:
     SendStreamingMessage, SubscribeToTask and their v0.3 forms."""
     from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
     from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-    from admitgate.asgi import _WORK_METHODS
 
     work_models = {
         "SendMessageRequest",
@@ -332,4 +359,8 @@ def test_jsonrpc_work_methods_are_the_sdks_work_methods() -> None:
     }
     tables = {**JsonRpcDispatcher.METHOD_TO_MODEL, **JSONRPC03Adapter.METHOD_TO_MODEL}
     sdk_work = {method for method, model in tables.items() if model.__name__ in work_models}
-    assert sdk_work == set(_WORK_METHODS)
+    assert len(sdk_work) == 6
+    rules = _middleware()._rules
+    for method in tables:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode()
+        assert rules.jsonrpc(body, True)[0] == (method in sdk_work), method

@@ -9,6 +9,7 @@ their own broker. Timing is controlled by the executors' latches, not by sleepin
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import signal
 import socket
@@ -181,6 +182,22 @@ def test_exactly_the_cap_passes_and_refusals_are_the_front_doors(env: Any) -> No
             "reason": "queue_full",
             "retryAfter": int(refused.headers["retry-after"]),
         }
+    # The same reader as the middleware's (crates/classify): a UTF-16 body holding a lone
+    # surrogate is JSON to the SDK, so it is work (before: "not JSON", passed ungated); an id
+    # holding one cannot be echoed, so it is answered null.
+    for body, rpc_id in (
+        (
+            json.dumps(
+                jsonrpc("SendMessage", {**send_params("echo no"), "x": "\udc00"}, 5),
+                ensure_ascii=False,
+            ).encode("utf-16", "surrogatepass"),
+            5,
+        ),
+        (json.dumps(jsonrpc("SendMessage", send_params("echo no"), "\ud800")).encode(), None),
+    ):
+        refused = httpx.post(env.broker.url + "/", content=body, headers=A2A_HEADERS)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["id"] == rpc_id
     rest = httpx.post(
         env.broker.url + "/message:send", json=send_params("echo no"), headers=A2A_HEADERS
     )
@@ -194,7 +211,7 @@ def test_exactly_the_cap_passes_and_refusals_are_the_front_doors(env: Any) -> No
     info, retry = error["details"]
     assert info["reason"] == "QUEUE_FULL" and info["domain"] == "admitgate"
     assert retry["retryDelay"] == f"{rest.headers['retry-after']}s"
-    assert env.broker.gauge('broker_rejected_total{transport="jsonrpc"}') == before + 2
+    assert env.broker.gauge('broker_rejected_total{transport="jsonrpc"}') == before + 4
     assert env.executor.running == 2  # nothing refused reached the agent
     finish(env, (k1, a), (k2, b))
 
@@ -429,6 +446,51 @@ def test_metrics_livez_and_readyz(env: Any) -> None:
     ):
         assert f"# TYPE {name} " in text
     assert env.broker.gauge("broker_limit") == 2
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _answering_server(port: int = 0) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_readyz_goes_unready_when_the_agent_dies_and_ready_when_it_is_back(env: Any) -> None:
+    """/readyz and broker_upstream_up follow the agent: 503 within 3 s of its last answer
+    (the broker probes it every second while nothing else answers), 200 again within about a
+    second of it answering again. Fails before the fix: once ready, it stayed ready."""
+    agent = _answering_server()
+    port = agent.server_address[1]
+    broker = BrokerProcess(env.binary, "--upstream", f"http://127.0.0.1:{port}")
+    readyz = f"{broker.metrics_url}/readyz"
+    try:
+        wait_until(lambda: httpx.get(readyz).status_code == 200, timeout=3)
+        assert broker.gauge("broker_upstream_up") == 1
+        agent.shutdown()
+        agent.server_close()
+        died = time.monotonic()
+        wait_until(lambda: httpx.get(readyz).status_code == 503, timeout=5)
+        assert time.monotonic() - died < 3.5
+        assert httpx.get(readyz).text == "upstream not answering\n"
+        assert broker.gauge("broker_upstream_up") == 0
+        agent = _answering_server(port)
+        back = time.monotonic()
+        wait_until(lambda: httpx.get(readyz).status_code == 200, timeout=5)
+        assert time.monotonic() - back < 2.5
+        assert broker.gauge("broker_upstream_up") == 1
+    finally:
+        assert broker.stop() == 0
+        agent.shutdown()
+        agent.server_close()
 
 
 def test_sigterm_refuses_queued_turns_and_drains_running_ones(env: Any) -> None:

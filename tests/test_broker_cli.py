@@ -1,8 +1,8 @@
-"""``admitgate.broker``: the broker binary run from Python, its flags, its exit codes."""
+"""``python -m admitgate broker``: the broker in this process, with the binary's flags, help,
+messages and exit codes (compared with the standalone binary's own)."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -10,7 +10,7 @@ from typing import Any
 
 import admitgate.broker
 import pytest
-from _broker import build_broker
+from _broker import BrokerProcess, build_broker
 
 
 @pytest.fixture(scope="module")
@@ -18,56 +18,34 @@ def binary() -> Any:
     return build_broker()
 
 
-def test_help_lists_every_flag_and_bad_flags_exit_2(
-    binary: Any, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("ADMITGATE_BROKER", str(binary))
-    assert admitgate.broker.main(["--help"]) == 0
-    out = capfd.readouterr().out
-    for flag in (
-        "--listen",
+def test_help_and_bad_flags_are_the_binarys(binary: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    assert admitgate.broker.main(["--help"], prog="admitgate-broker") == 0
+    in_process = capfd.readouterr().out
+    standalone = subprocess.run(
+        [binary, "--help"], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    assert in_process == standalone
+    for flag in ("--listen", "--upstream", "--max-in-flight", "--fleet", "--drain-timeout"):
+        assert flag in in_process
+    bad = ["--upstream", "http://127.0.0.1:1", "--queue-depth", "-1"]
+    assert admitgate.broker.main(bad) == 2
+    message = capfd.readouterr().err
+    assert "queue_depth must be >= 0, got -1" in message
+    standalone_bad = subprocess.run([binary, *bad], capture_output=True, text=True, timeout=10)
+    assert (standalone_bad.returncode, standalone_bad.stderr) == (2, message)
+    assert admitgate.broker.main(["--no-such-flag"], prog="python -m admitgate broker") == 2
+    assert "python -m admitgate broker" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_python_m_admitgate_broker_drains_on_a_signal_and_exits_0(sig: int) -> None:
+    broker = BrokerProcess(
+        sys.executable,
         "--upstream",
-        "--grpc-upstream",
-        "--max-in-flight",
-        "--queue-depth",
-        "--overflow-policy",
-        "--max-in-flight-per-tenant",
-        "--tenant-from",
-        "--fleet",
-        "--fleet-key",
-        "--metrics-listen",
+        "http://127.0.0.1:9",
         "--drain-timeout",
-        "--config",
-    ):
-        assert flag in out
-    assert admitgate.broker.main(["--upstream", "http://127.0.0.1:1", "--queue-depth", "-1"]) == 2
-    assert "queue_depth must be >= 0, got -1" in capfd.readouterr().err
-    monkeypatch.setenv("ADMITGATE_BROKER", "/nonexistent/admitgate-broker")
-    with pytest.raises(FileNotFoundError, match="ADMITGATE_BROKER"):
-        admitgate.broker.find_binary()
-    with pytest.raises(TypeError, match="queue_depth"):
-        admitgate.broker.serve(upstream="http://127.0.0.1:1", queue_depth=[1])
-
-
-def test_serve_runs_until_sigterm_and_exits_0(binary: Any) -> None:
-    code = (
-        "import admitgate.broker as b; raise SystemExit(b.serve("
-        "upstream='http://127.0.0.1:9', listen='127.0.0.1:0', max_in_flight=1, drain_timeout=1))"
+        "1",
+        prefix=["-m", "admitgate", "broker"],
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stderr=subprocess.PIPE,
-        env={**__import__("os").environ, "ADMITGATE_BROKER": str(binary)},
-    )
-    try:
-        assert child.stderr is not None
-        first = json.loads(child.stderr.readline())
-        assert first["event"] == "listening"
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(15) == 0
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        if child.stderr is not None:
-            child.stderr.close()
+    assert broker.stop(sig) == 0
+    assert broker.events("drained")[0]["all_requests_finished"] is True

@@ -69,7 +69,10 @@ def test_two_brokers_on_one_redis_share_the_cap_exactly(env: Any, redis_server: 
     fleet_key = f"broker-test:{uuid.uuid4().hex[:8]}"
     common = ("--upstream", env.server.url, "--max-in-flight", "3", "--fleet", redis_server.url)
     a = BrokerProcess(env.binary, *common, "--fleet-key", fleet_key)
-    b = BrokerProcess(env.binary, *common, "--fleet-key", fleet_key)
+    # The second broker is `python -m admitgate broker` (in-process): one cap for both kinds.
+    b = BrokerProcess(
+        sys.executable, *common, "--fleet-key", fleet_key, prefix=["-m", "admitgate", "broker"]
+    )
     try:
         results: list[int] = []
         keys = [uuid.uuid4().hex[:8] for _ in range(3)]

@@ -44,7 +44,7 @@ def test_every_command_answers_help_with_its_usage(capfd, command, flag):
     assert main([command, flag]) == 0
     out = capfd.readouterr().out
     if command == "broker":
-        # The broker is a Rust binary (clap): its usage comes after a one-line description.
+        # The broker's flags are parsed by its Rust crate (clap): usage after a description.
         assert f"\nUsage: python -m admitgate {command} " in out, out
     else:
         assert out.startswith(f"usage: python -m admitgate {command} ")

@@ -21,7 +21,8 @@ against it with Starlette's own rules:
   ``Mount.matches`` and ``starlette._utils.get_route_path`` compute.
 
 The table and the matching live in Rust (``crates/classify``, exposed as
-``admitgate._admitgate.A2ARoutes``): the broker (``crates/broker``) classifies with the same
+``admitgate._admitgate.A2ARules`` with the rest of the rules: the JSON-RPC body's reader and
+the method rule): the broker (``crates/broker``) classifies with the same
 code, so the rules exist once. The test ``tests/test_asgi_routes.py`` checks them against the
 real SDK routes in a real Starlette router, on generated paths. No Starlette import here:
 the middleware has no framework dependency.
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ._admitgate import A2ARoutes
+from ._admitgate import A2ARules
 
 PASS: Final = 0
 """Not an A2A endpoint (or no endpoint at all: 404, 405, a redirect): passes through."""
@@ -48,9 +49,11 @@ JSONRPC: Final = 3
 """The JSON-RPC endpoint: the body says what it does."""
 
 
-def sdk_routes(prefix: str, jsonrpc_path: str | None) -> A2ARoutes:
-    """The SDK's routes for ``path_prefix=prefix`` (no trailing ``/``) with JSON-RPC at
-    ``prefix + jsonrpc_path`` (``None``: none), in every layout the SDK builds:
+def sdk_rules(
+    prefix: str, jsonrpc_path: str | None, *, gate_all: bool, max_peek_bytes: int
+) -> A2ARules:
+    """The rules for the SDK's routes for ``path_prefix=prefix`` (no trailing ``/``) with
+    JSON-RPC at ``prefix + jsonrpc_path`` (``None``: none), in every layout the SDK builds:
 
     - ``create_jsonrpc_routes(rpc_url=prefix + jsonrpc_path)`` and
       ``create_rest_routes(path_prefix=prefix)`` at the app's root: ``prefix/...`` (1.0 and
@@ -61,5 +64,9 @@ def sdk_routes(prefix: str, jsonrpc_path: str | None) -> A2ARoutes:
     ``kind(method, path, root_path)`` gives the strongest verdict of every layout: the
     middleware does not know which one the app uses, and gating a request the app would 404
     costs a slot for that 404, while missing one would be a bypass.
+
+    ``jsonrpc(body, complete)`` gives ``(gated, id)`` for a JSON-RPC body: gated when its
+    ``method`` starts or continues work (or with ``gate_all``, ``gate_methods="all"``), or
+    when it does not end within ``max_peek_bytes``; ``id`` is what a refusal echoes.
     """
-    return A2ARoutes(prefix, jsonrpc_path)
+    return A2ARules(prefix, jsonrpc_path, gate_all=gate_all, max_peek_bytes=max_peek_bytes)

@@ -16,11 +16,13 @@ from ._types import ResourceSample
 __all__ = [
     "DURATION_BUCKETS",
     "MAX_TRANSPORTS",
-    "A2ARoutes",
+    "A2ARules",
     "InternalError",
+    "_broker_main",
     "_fleet_runtime_running",
     "_invalidate_samplers",
     "_jsonrpc_request",
+    "_panic_in_next_broker",
     "_panic_in_next_wakes",
     "_panic_inside_gate",
     "_quiesce_at_exit",
@@ -47,6 +49,7 @@ __all__ = [
     "FleetLimit",
     "FleetLease",
     "LeaseWait",
+    "serve_broker",
     "__version__",
 ]
 
@@ -175,7 +178,9 @@ class AdmissionGate:
     built-in :class:`RssSampler`). Thread-safe: one gate may serve several event loops.
 
     ``adaptive`` (an :class:`AdaptiveLimit`) moves the effective ceiling between its
-    ``min_limit`` and ``max_concurrent_runs`` from provider throttles and latency;
+    ``min_limit`` and ``max_concurrent_runs`` from provider throttles and latency (with
+    ``fleet=`` too: one learned limit for the whole fleet, between ``min_limit`` and the
+    fleet's ``max_in_flight``, kept in Redis and honoured by every lease);
     ``queue_discipline="adaptive"`` serves a standing queue newest first with waits capped
     at the measured service time (``"fifo"``: today's order). Both need a ceiling.
     """
@@ -199,7 +204,8 @@ class AdmissionGate:
     @property
     def limit(self) -> int:
         """The effective ceiling now: ``max_concurrent_runs``, or below it what ``adaptive=``
-        has learned (0: no ceiling)."""
+        has learned (0: no ceiling); with ``fleet=`` too, the fleet's learned limit once read
+        (one value for every replica, kept in Redis)."""
     @property
     def fleet(self) -> FleetLimit | None:
         """The fleet-wide limit: a turn runs once it has its local slot and a lease."""
@@ -341,7 +347,9 @@ class AdmissionGate:
         ``rejected``, ``shed``, ``max_rss_mb`` (float), ``cancelled`` and ``limit`` (the
         effective ceiling now, see :attr:`limit`); with a fleet limit
         also ``fleet_in_flight``, ``fleet_max_in_flight``, ``fleet_backend_up`` (1/0),
-        ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``."""
+        ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``; with a fleet limit and
+        ``adaptive=``, ``fleet_limit`` (the fleet's learned limit, 0 until one is read), which
+        ``limit`` then shows."""
     @property
     def _resource_policy(self) -> Any | None: ...
     @property
@@ -546,7 +554,9 @@ class FleetLimit:
         """Counters without a round trip: ``fleet_in_flight``, ``fleet_max_in_flight``,
         ``fleet_backend_up`` (1/0), ``fleet_lease_lost``, ``fleet_borrowed``,
         ``fleet_outages``, ``fleet_max_in_flight_per_scope``, ``fleet_waiting``,
-        ``fleet_lease_retaken``, ``fleet_replica_held``, ``fleet_replica_waiting``."""
+        ``fleet_lease_retaken``, ``fleet_replica_held``, ``fleet_replica_waiting``,
+        ``fleet_limit`` (the fleet's learned limit, set by gates with ``adaptive=``, last
+        known; 0: none, the cap alone counts)."""
     def acquire(self, scope: object = "") -> Awaitable[FleetLease]:
         """Waits for a lease in fleet-wide FIFO order (call inside a running event loop).
         Cancelling the wait withdraws it. While Redis is down: a local lease, or
@@ -599,18 +609,29 @@ class FleetLease:
         """Gives the lease back; under way once called, idempotent."""
 
 @final
-class A2ARoutes:
-    """The A2A SDK's routes for one ``path_prefix`` and JSON-RPC endpoint, matched as
-    Starlette matches them (``crates/classify``; the broker uses the same code)."""
+class A2ARules:
+    """The A2A classification rules of one HTTP front door (``crates/classify``; the broker
+    runs the same code): the SDK's routes for one ``path_prefix`` and JSON-RPC endpoint,
+    matched as Starlette matches them, the JSON-RPC body read as ``json.loads`` reads it, and
+    the method rule (``gate_all``: ``gate_methods="all"``)."""
 
-    def __new__(cls, path_prefix: str, jsonrpc_path: str | None) -> A2ARoutes: ...
+    def __new__(
+        cls, path_prefix: str, jsonrpc_path: str | None, *, gate_all: bool, max_peek_bytes: int
+    ) -> A2ARules: ...
     def kind(self, method: str, path: str, root_path: str) -> int:
         """0 passthrough, 1 read, 2 work, 3 the JSON-RPC endpoint: the strongest verdict of
         every layout the SDK builds."""
+    def jsonrpc(self, body: bytes | bytearray, complete: bool) -> tuple[bool, str | int | None]:
+        """``(gated, id)`` of a JSON-RPC request whose body starts with ``body``
+        (``complete``: it ends there). A body that does not end within ``max_peek_bytes`` is
+        gated, its ``id`` read from the prefix; ``id`` is what a refusal echoes: a str, an
+        int of any size, or ``None``."""
+    def tenant(self, method: str, path: str, root_path: str) -> str | None:
+        """The tenant the SDK's router takes from the path (its ``Mount("/{tenant}", ...)``)
+        in the layout that gives :meth:`kind`'s verdict; ``None`` off the tenant routes. The
+        broker's ``--tenant-from path``."""
 
-def _jsonrpc_request(
-    body: bytes,
-) -> tuple[str | None, str | int | None] | Literal[False] | None: ...
+def _jsonrpc_request(body: bytes | bytearray) -> tuple[str | None, str | int | None] | None: ...
 def _rejection_class() -> type[Exception]: ...
 def _set_rejection_class(cls: type[Exception] | None) -> None: ...
 def _reset_after_fork() -> None: ...
@@ -621,6 +642,64 @@ def _quiesce_at_exit() -> None: ...
 def _resolve_waiter(fut: Any) -> None: ...
 def _panic_inside_gate(gate: AdmissionGate) -> None: ...
 def _panic_in_next_wakes(count: int) -> None: ...
+def _panic_in_next_broker() -> None:
+    """Makes the next broker to start panic inside its own task (for admitgate's tests)."""
+
+def _broker_main(argv: list[str]) -> int:
+    """``python -m admitgate broker``: ``argv`` (the program name first) parsed as the
+    ``admitgate-broker`` binary parses its own, then the broker run as :func:`serve_broker`
+    runs it; returns the exit code (0 after the drain or ``--help``, 2 for a bad flag)."""
+
+def serve_broker(
+    *,
+    upstream: str | None = None,
+    listen: str | None = None,
+    grpc_upstream: str | None = None,
+    max_in_flight: int | None = None,
+    queue_depth: int | None = None,
+    overflow_policy: Literal["reject", "queue", "shed_oldest"] | None = None,
+    queue_timeout: float | None = None,
+    max_in_flight_per_tenant: int | None = None,
+    tenant_from: str | None = None,
+    gate_methods: Literal["work", "all"] | None = None,
+    path_prefix: str | None = None,
+    jsonrpc_path: str | None = None,
+    max_peek_bytes: int | None = None,
+    fleet: str | None = None,
+    fleet_key: str | None = None,
+    fleet_on_error: Literal["local", "reject"] | None = None,
+    fleet_tls_ca_file: str | os.PathLike[str] | None = None,
+    metrics_listen: str | None = None,
+    drain_timeout: float | None = None,
+    first_bytes_timeout: float | None = None,
+    upstream_idle_timeout: float | None = None,
+    upstream_max_idle: int | None = None,
+    memory_soft_ratio: float | None = None,
+    memory_hard_ratio: float | None = None,
+    memory_cgroup: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+) -> None:
+    """Runs the broker in this process, in front of ``upstream``, until SIGTERM or SIGINT and
+    its drain; blocks the calling thread with the GIL released (``admitgate.broker.serve``).
+
+    Each keyword is the broker flag of that name with ``_`` for ``-`` (``--max-in-flight``
+    is ``max_in_flight``; ``admitgate-broker --help`` describes them all); ``None`` leaves a
+    setting to the YAML file named by ``config``, then to the default. Addresses are
+    ``"IP:port"`` strings; port 0 picks a free port (the ``listening`` log line on stderr
+    says which).
+
+    Returns ``None`` after a drain started by SIGTERM (when its handler was the default).
+    A signal handler that raises (SIGINT's default raises ``KeyboardInterrupt``) starts the
+    same drain, and its exception is raised once the drain is over; a second one during the
+    drain cuts it short and is raised at once. Handlers are as they were when this returns.
+
+    Raises ``TypeError``/``ValueError`` naming a bad argument and its value (the binary's
+    messages; a ``fleet`` URL is never shown), ``OSError`` (with its errno) naming the
+    address that cannot be bound, ``RuntimeError`` when called from a thread other than the
+    main thread or while a broker already serves in this process, and
+    :class:`InternalError` if the broker panics.
+    """
+
 def _simulate(scenario: dict[str, Any], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs each candidate gate in the scenario in the overload simulator (virtual time)."""
 

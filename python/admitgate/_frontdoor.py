@@ -13,6 +13,8 @@ another's private names:
   :data:`admitgate.REJECTION_REASONS`, the retry hint, rounded up by :func:`whole_seconds`
   and :func:`whole_ms`) and the marks a client knows it by (:data:`REASON_KEY`,
   :data:`ERROR_DOMAIN`, :data:`JSONRPC_REJECTED_CODE`);
+- the ``admitgate-throttled`` mark an app puts on its answer to a provider 429
+  (:data:`THROTTLED_KEY`, read by :func:`throttle_hint`);
 - the check of what a ``session_id`` callable returns, and the check of ``gate`` that the
   gRPC interceptor and the metrics collector (:mod:`admitgate.metrics`) make.
 
@@ -37,15 +39,21 @@ class RequestSlot:
     The request holds one share until its response ends or its client disconnects; an
     executor running that request's work on the same gate may adopt a second share, so the
     slot is released when both are done and the same work never takes two slots.
+
+    The turn ends as a turn's ``async with gate.admit()`` block ends: with the exception that
+    left the request's handler or its work, if one did (:meth:`saw`), so an exception of
+    ``AdaptiveLimit.throttle_on`` is a throttle signal; and with what was reported on the way
+    (:meth:`report_throttled`).
     """
 
-    __slots__ = ("gate", "_admission", "_request_share", "_work_share")
+    __slots__ = ("gate", "_admission", "_request_share", "_work_share", "_error")
 
     def __init__(self, gate: Any, admission: Any) -> None:
         self.gate = gate
         self._admission = admission
         self._request_share = True
         self._work_share = False
+        self._error: BaseException | None = None
 
     def adopt(self, gate: Any) -> bool:
         """Take the work share if ``gate`` is this slot's gate and the request still holds it."""
@@ -54,19 +62,37 @@ class RequestSlot:
         self._work_share = True
         return True
 
+    def saw(self, exc: BaseException) -> None:
+        """Note an exception that left the request's handler or its work while the slot is
+        held; the turn ends with the first one noted."""
+        if self._error is None and (self._request_share or self._work_share):
+            self._error = exc
+
+    def report_throttled(self, retry_after_s: float | None) -> None:
+        """The provider throttled this request's call (see ``Admission.report_throttled``)."""
+        if self._request_share or self._work_share:
+            self._admission.report_throttled(retry_after_s)
+
     async def end_request(self) -> None:
         """Give back the request's share (idempotent)."""
         if self._request_share:
             self._request_share = False
             if not self._work_share:
-                await self._admission.__aexit__(None, None, None)
+                await self._end_turn()
 
     async def end_work(self) -> None:
         """Give back the adopted work share (idempotent)."""
         if self._work_share:
             self._work_share = False
             if not self._request_share:
-                await self._admission.__aexit__(None, None, None)
+                await self._end_turn()
+
+    async def _end_turn(self) -> None:
+        exc, self._error = self._error, None  # no cycle through the traceback once ended
+        if exc is None:
+            await self._admission.__aexit__(None, None, None)
+        else:
+            await self._admission.__aexit__(type(exc), exc, exc.__traceback__)
 
 
 CURRENT_SLOT: contextvars.ContextVar[RequestSlot | None] = contextvars.ContextVar(
@@ -149,6 +175,28 @@ def header_deadline_s(headers: list[tuple[bytes, bytes]]) -> float | None:
                 return int(value) / 1000.0
             return None
     return None
+
+
+THROTTLED_KEY: Final = "admitgate-throttled"
+"""The HTTP response header (and gRPC trailing metadata key) an app behind a front door sets
+on the answer to a gated request whose provider call was throttled (a 429 it turned into its
+own answer): the front door reports the throttle to the request's turn (as
+``turn.report_throttled()``) and removes the header (the trailer) before it reaches the
+client. Its value is the provider's ``Retry-After`` in seconds when it is a number of 0 to
+86400, else the throttle is reported without one. Opt-in: only an app sets it, never a
+front door (a refusal by the gate is no throttle of the provider's)."""
+
+_MAX_THROTTLE_HINT_S: Final = 86400.0
+
+
+def throttle_hint(value: bytes | str) -> float | None:
+    """The seconds :data:`THROTTLED_KEY`'s ``value`` carries, ``None`` if none."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip()
+    if not 0 < len(text) <= 16 or not text.replace(".", "", 1).isdigit() or not text.isascii():
+        return None
+    seconds = float(text)
+    return seconds if seconds <= _MAX_THROTTLE_HINT_S else None
 
 
 def whole_seconds(hint: float) -> int:

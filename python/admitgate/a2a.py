@@ -63,6 +63,13 @@ class GatedAgentExecutor(AgentExecutor):
     (``DefaultRequestHandler``), which runs ``execute`` in a copy of the request's context;
     give the legacy handler separate gates.
 
+    An exception leaving the wrapped ``execute`` ends the turn as it would leave an
+    ``async with gate.admit()`` block (then propagates to the SDK as before): with
+    ``adaptive=AdaptiveLimit(throttle_on=(RateLimitError,))``, a ``RateLimitError`` is a
+    throttle signal. The SDK answers such an exception itself (a JSON-RPC error, a REST 500),
+    so behind the HTTP middleware or the gRPC interceptor this wrapper is how an agent's
+    throttle reaches the gate: the middleware only sees exceptions that leave the app.
+
     Args:
         executor: the ``AgentExecutor`` doing the work.
         gate: the :class:`admitgate.AdmissionGate` whose slots bound that work.
@@ -113,6 +120,9 @@ class GatedAgentExecutor(AgentExecutor):
         if adopted is not None:
             try:
                 await self.executor.execute(context, event_queue)
+            except BaseException as exc:
+                adopted.saw(exc)  # the request's turn ends with it, as its own would
+                raise
             finally:
                 await adopted.end_work()
             return
@@ -127,8 +137,11 @@ class GatedAgentExecutor(AgentExecutor):
             return
         try:
             await self.executor.execute(context, event_queue)
-        finally:
-            await admission.__aexit__(None, None, None)
+        except BaseException as exc:
+            # As `async with gate.admit()` ends: a throttle_on exception is a 429 signal.
+            await admission.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await admission.__aexit__(None, None, None)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Pass the cancellation to the wrapped executor (never gated)."""

@@ -34,10 +34,15 @@ path with one final newline (``/message:send%0A``: Starlette's ``$`` matches bef
   either is gated. A path the router answers with 404, 405 or a redirect reaches no
   endpoint and passes.
 
-The parsers of what the client sends (the path, the JSON-RPC body and its head) run in time
-linear in their input: ``tests/test_asgi_parsers.py`` bounds each on adversarial 64 KiB
-inputs. A JSON-RPC body nested deeper than :mod:`json` can follow on the middleware's stack
-is gated as work: the app may parse it on a shallower stack, where it would be readable.
+What the client sends is read by the rules the broker runs too (``crates/classify``, through
+``admitgate._admitgate.A2ARules``): the path matched against the SDK's route table, and a
+JSON-RPC body read for its ``method`` and ``id`` exactly as ``json.loads(bytes)`` reads it
+(UTF-8, UTF-16 or UTF-32, lone surrogates included, the last of duplicate keys winning), in
+one pass with no recursion. ``tests/test_jsonrpc_reader.py`` checks the reader against
+``json.loads`` and the A2A SDK's own JSON-RPC handling; ``tests/test_asgi_parsers.py``
+bounds every parser on adversarial 64 KiB inputs (linear time, whatever the nesting). A body
+nested deeper than :mod:`json` can follow is still read: it is classified by its ``method``
+(the app cannot run work from a body it cannot parse, so this never gates less).
 
 Which requests are gated: with ``gate_methods="work"`` (the default) those that start or
 continue agent work: ``SendMessage``, ``SendStreamingMessage``, ``SubscribeToTask``, their
@@ -76,6 +81,18 @@ JSON-RPC a JSON-RPC 2.0 error with the request's ``id`` and code
 Every HTTP request through the middleware, gated or not, costs one
 ``gate.record_request(transport, seconds)`` when its response ends (passthrough requests as
 transport ``"passthrough"``); ``lifespan`` and WebSocket are not counted.
+
+A gated request's turn ends as an ``async with gate.admit()`` block does: with the exception
+that leaves the app while the slot is held (on a gate with
+``adaptive=AdaptiveLimit(throttle_on=...)``, one of those types lowers the ceiling), which
+then propagates unchanged. A response with status 500 or more holds its slot until the app
+returns, since a framework answers an exception with a 500 first and re-raises it after
+(Starlette's ``ServerErrorMiddleware``). The A2A SDK answers an executor's exception itself;
+``GatedAgentExecutor`` on the same gate hands it to the request's turn. An app that turns a
+provider 429 into its own answer sets the response header ``admitgate-throttled`` (value: the
+provider's ``Retry-After`` in seconds, optional): it is reported to the turn
+(``report_throttled``) and removed. Only gated requests are read for it, and the middleware's
+own refusals never carry it.
 """
 
 from __future__ import annotations
@@ -84,26 +101,26 @@ import asyncio
 import contextvars
 import json
 import math
-import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from time import perf_counter
 from typing import Any, Final
 
-from ._a2a_routes import JSONRPC, PASS, READ, WORK, sdk_routes
+from ._a2a_routes import JSONRPC, PASS, READ, WORK, sdk_rules
 from ._admitgate import Entered, Ready
 from ._errors import AdmissionRejected
 from ._frontdoor import (
-    A2A_WORK_METHODS,
     CURRENT_SLOT,
     ERROR_DOMAIN,
     ERROR_INFO_TYPE,
     GATE_METHODS,
     JSONRPC_REJECTED_CODE,
     REASON_KEY,
+    THROTTLED_KEY,
     RequestSlot,
     checked_session,
     header_deadline_s,
     refusal,
+    throttle_hint,
     whole_seconds,
 )
 
@@ -134,95 +151,13 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _RETRY_INFO_TYPE: Final = "type.googleapis.com/google.rpc.RetryInfo"
 _REASON_HEADER: Final = REASON_KEY.encode()
-
-# JSON-RPC methods that start or continue agent work (A2A 1.0 names, then v0.3 names).
-_WORK_METHODS: Final = frozenset(
-    {*A2A_WORK_METHODS, "message/send", "message/stream", "tasks/resubscribe"}
-)
+_THROTTLED_HEADER: Final = THROTTLED_KEY.encode()
 
 # What a request is, as far as the gate is concerned.
 _PASS: Final = PASS  # not an A2A endpoint: passthrough
 _REST_READ: Final = READ  # an A2A REST request that reads, cancels or configures
 _REST_WORK: Final = WORK  # an A2A REST request that starts or continues work
 _JSONRPC: Final = JSONRPC  # a POST to the JSON-RPC endpoint; the body decides
-
-
-# The head scan's tokens. JSON whitespace is exactly these four (``\s`` would take more); a
-# JSON string may not hold a raw control character.
-_WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
-# json's C scanner (the one json.loads uses): (value, end); StopIteration if no value at all.
-_SCAN_VALUE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
-# A key without escapes, with the colon after it: the usual member's key in one match.
-_PLAIN_KEY = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
-_COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
-_AFTER_VALUE = re.compile(r"[ \t\n\r]*([,}])")
-# A JSON-RPC request has four members. Past this many the scan stops: the time spent per
-# member is then bounded by json's C scanner, not by the Python loop around it, and all a
-# head with more members loses is its refusal's "id" (then null, as JSON-RPC answers a
-# request whose id cannot be read).
-_MAX_HEAD_MEMBERS: Final = 64
-
-
-def _scan_head(head: bytes | bytearray) -> tuple[object, object]:
-    """``(method, id)`` from the start of a JSON-RPC request too long to parse whole.
-
-    Walks only the top-level object, so a nested ``"method"`` inside ``params`` is never taken
-    for the request's; every value is decoded by ``json``'s own C scanner, so a value found is
-    exactly what ``json.loads`` gives (the last of duplicate keys wins, as there). A member
-    not found in ``head`` (or past the first ``_MAX_HEAD_MEMBERS``) is ``None``. Only the
-    refusal's ``id`` is taken from it: a request whose body does not fit the prefix is gated
-    whatever its method says.
-
-    Linear time, whatever the bytes. Invariant: ``i`` only moves forward; each step consumes
-    one member from ``i`` with a fixed number of single-pass matches (the regular expressions
-    above match a fixed shape and cannot backtrack past the member they are on; json's
-    scanner is one pass, its error path included, and gives up past the interpreter's
-    recursion limit instead of descending into deeper nesting); and the walk stops at the
-    first member that does not end inside ``head`` (a cut, or invalid JSON), so nothing is
-    looked at again after a failure.
-    """
-    text = head.decode("utf-8", "replace")
-    found: dict[str, object] = {}
-    i = _WS.match(text).end()  # type: ignore[union-attr]
-    if not text.startswith("{", i):
-        return None, None
-    i += 1
-    for _ in range(_MAX_HEAD_MEMBERS):
-        try:
-            plain = _PLAIN_KEY.match(text, i)
-            if plain is not None:
-                key: object = plain.group(1)
-                i = plain.end()
-            else:  # a key with escapes ("\u006dethod" is "method"), or not a key at all
-                i = _WS.match(text, i).end()  # type: ignore[union-attr]
-                if not text.startswith('"', i):
-                    break
-                key, i = _SCAN_VALUE(text, i)
-                colon = _COLON.match(text, i)
-                if colon is None:
-                    break
-                i = colon.end()
-            value, i = _SCAN_VALUE(text, i)
-        except (StopIteration, ValueError, RecursionError):  # cut, invalid, or nested too deep
-            break
-        # Only a value followed by "," or "}" is whole: "12" or "1." may be a cut "12.5".
-        after = _AFTER_VALUE.match(text, i)
-        if after is None:
-            break
-        if key == "method" or key == "id":
-            found[key] = value  # type: ignore[index]
-        if after.group(1) == "}":
-            break
-        i = after.end()
-    return found.get("method"), found.get("id")
-
-
-def _response_id(value: object) -> str | int | None:
-    # JSON-RPC ids are strings, numbers or null; the A2A SDK answers with str/int ids only.
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        return None
-    return value
 
 
 class _Body:
@@ -342,38 +277,16 @@ async def _wait_unless_gone(entry: Any, receive: Receive, body: _Body, allowance
         raise
 
 
-class _TooDeep:
-    """What :func:`_parse` returns for JSON nested deeper than ``json`` follows here."""
-
-
-_TOO_DEEP: Final = _TooDeep()
-
-
-def _parse(body: bytes | bytearray) -> object:
-    """``json.loads(body)``, exactly as the A2A SDK parses the request (Starlette's
-    ``request.json()``), with a faster path for the usual UTF-8 object; ``None`` if invalid,
-    :data:`_TOO_DEEP` if nested deeper than ``json`` follows on this stack.
-
-    Too deep is not invalid: ``json``'s limit is the interpreter's recursion limit minus the
-    stack already in use, and the app may parse on a shallower stack than this middleware's
-    (in a task of its own, as under Starlette's ``BaseHTTPMiddleware``), where the same body
-    parses. So the caller treats it as a body it could not read, and gates it.
-    """
-    try:
-        # json.loads(bytes) detects UTF-16/32 from the first two bytes; a body starting with
-        # "{" and a non-NUL byte is UTF-8 to it, so decoding here is the same, minus the probe.
-        if body[:1] == b"{" and body[1:2] not in (b"\x00", b""):
-            text = body.decode("utf-8", "surrogatepass")
-            value, end = _DECODER.raw_decode(text)
-            # As json.loads: only JSON whitespace may follow the value.
-            if end != len(text) and text[end:].lstrip(" \t\n\r"):
-                return None
-            return value
-        return json.loads(body)
-    except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
-        return None
-    except RecursionError:
-        return _TOO_DEEP
+def _take_throttle_header(message: Message, slot: RequestSlot) -> Message:
+    """``message`` (an ``http.response.start``) without :data:`THROTTLED_KEY`, reported to
+    ``slot`` if the app set it."""
+    headers = message.get("headers") or ()
+    for name, value in headers:
+        if name.lower() == _THROTTLED_HEADER:
+            slot.report_throttled(throttle_hint(value))
+            kept = [(n, v) for n, v in headers if n.lower() != _THROTTLED_HEADER]
+            return {**message, "headers": kept}
+    return message
 
 
 def _check_retry_after(retry_after: object) -> float | None:
@@ -480,34 +393,22 @@ class AdmissionMiddleware:
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         self._gate_all = gate_methods == "all"
-        self._routes = sdk_routes(prefix, jsonrpc_path)
+        self._rules = sdk_rules(
+            prefix, jsonrpc_path, gate_all=self._gate_all, max_peek_bytes=max_peek_bytes
+        )
 
     # -- classification --------------------------------------------------------------------
 
     def _classify(self, method: str, path: str, root_path: str) -> int:
         """What ``method path`` reaches, as the A2A SDK's routes below ``root_path`` route it."""
-        return self._routes.kind(method, path, root_path)
+        return self._rules.kind(method, path, root_path)
 
     def _inspect(self, kind: int, body: bytes | bytearray, more: bool) -> tuple[bool, object]:
         """``(gated, rpc_id)`` of a request from the start of its ``body`` (``more``: it does
         not end there): whether it takes a slot, and the JSON-RPC ``id`` a refusal carries."""
-        rpc_id: object = None
-        gated = True
         if kind == _JSONRPC:
-            if more or len(body) > self.max_peek_bytes:
-                # Too long to inspect: gated work, whatever its method says.
-                rpc_id = _scan_head(body[: self.max_peek_bytes])[1]
-            else:
-                request = _parse(body)
-                if request is _TOO_DEEP:  # unreadable here, maybe not to the app: gated
-                    rpc_id = _scan_head(body)[1]
-                else:
-                    method = None
-                    if type(request) is dict:
-                        method = request.get("method")
-                        rpc_id = request.get("id")
-                    gated = self._gate_all or method in _WORK_METHODS
-        return gated, rpc_id
+            return self._rules.jsonrpc(body, not more)
+        return True, None
 
     # -- the ASGI entry point --------------------------------------------------------------
 
@@ -620,17 +521,31 @@ class AdmissionMiddleware:
                     await request_slot.end_request()
                 return message
 
+            status = 0
+
             async def gated_send(message: Message) -> None:
-                nonlocal end
+                nonlocal end, status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    message = _take_throttle_header(message, request_slot)
                 try:
                     await send(message)
                 finally:
                     if message["type"] == "http.response.body" and not message.get("more_body"):
                         end = perf_counter()
-                        await request_slot.end_request()
+                        # An error answer's slot is held until the app returns: a framework
+                        # that turns an exception into a 500 sends it first, then re-raises
+                        # (Starlette's ServerErrorMiddleware), and the turn ends with it.
+                        if status < 500:
+                            await request_slot.end_request()
 
             token = CURRENT_SLOT.set(slot)
-            await self.app(scope, gated_receive, gated_send)
+            try:
+                await self.app(scope, gated_receive, gated_send)
+            except BaseException as exc:
+                # As `async with gate.admit()` sees it: a throttle_on type is a 429 signal.
+                slot.saw(exc)
+                raise
         finally:
             if token is not None:
                 CURRENT_SLOT.reset(token)
@@ -646,7 +561,7 @@ class AdmissionMiddleware:
         if transport == "jsonrpc":
             payload: dict[str, Any] = {
                 "jsonrpc": "2.0",
-                "id": _response_id(rpc_id),
+                "id": rpc_id,
                 "error": {
                     "code": JSONRPC_REJECTED_CODE,
                     "message": exc.message,

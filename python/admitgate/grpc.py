@@ -41,11 +41,13 @@ from ._frontdoor import (
     ERROR_DOMAIN,
     GATE_METHODS,
     REASON_KEY,
+    THROTTLED_KEY,
     Refusal,
     RequestSlot,
     check_gate,
     checked_session,
     refusal,
+    throttle_hint,
     whole_ms,
 )
 
@@ -61,6 +63,7 @@ __all__ = [
     "A2A_SERVICES",
     "PUSHBACK_TRAILER",
     "REASON_TRAILER",
+    "THROTTLED_TRAILER",
     "WORK_METHODS",
     "AdmissionInterceptor",
     "RetryPushbackInterceptor",
@@ -93,6 +96,11 @@ PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 #: The trailer carrying the gate's reason (``queue_full``, ``shed``, ``memory_pressure``...);
 #: its presence marks a refusal by this front door, which never reached the agent.
 REASON_TRAILER = REASON_KEY
+
+#: The trailing metadata key a servicer sets on a gated call whose provider call was throttled
+#: (value: the provider's ``Retry-After`` in seconds, or anything else for none): reported to
+#: the call's turn as ``turn.report_throttled()`` and removed before the trailers are sent.
+THROTTLED_TRAILER = THROTTLED_KEY
 
 #: The transport label of gated calls, and the label of calls that pass ungated.
 TRANSPORT = "grpc"
@@ -272,8 +280,12 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                         async with aclosing(behaviour(request, context)) as responses:
                             async for response in responses:
                                 yield response
+                    except BaseException as exc:
+                        slot.saw(exc)  # a throttle_on exception is a 429 signal
+                        raise
                     finally:
                         _reset(token)
+                        _take_throttle_trailer(context, slot)
                         await slot.end_request()
                 finally:
                     self._gate.record_request(TRANSPORT, time.perf_counter() - started)
@@ -289,8 +301,12 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 token = CURRENT_SLOT.set(slot)
                 try:
                     return await behaviour(request, context)
+                except BaseException as exc:
+                    slot.saw(exc)  # a throttle_on exception is a 429 signal
+                    raise
                 finally:
                     _reset(token)
+                    _take_throttle_trailer(context, slot)
                     await slot.end_request()
             finally:
                 self._gate.record_request(TRANSPORT, time.perf_counter() - started)
@@ -382,6 +398,17 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 record(PASSTHROUGH, time.perf_counter() - started)
 
         return _rebuild(handler, sync_unary)
+
+
+def _take_throttle_trailer(context: grpc.aio.ServicerContext[Any, Any], slot: RequestSlot) -> None:
+    """Report :data:`THROTTLED_TRAILER` to ``slot`` if the servicer set it in its trailing
+    metadata, and remove it there (it is for the front door, not the client)."""
+    trailers = context.trailing_metadata() or ()
+    for key, value in trailers:
+        if key == THROTTLED_TRAILER:
+            slot.report_throttled(throttle_hint(value))
+            context.set_trailing_metadata(tuple((k, v) for k, v in trailers if k != key))
+            return
 
 
 def _reset(token: contextvars.Token[Any]) -> None:

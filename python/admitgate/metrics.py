@@ -239,7 +239,9 @@ class _Families:
         self.queued.add_metric(base, stats["queued"])
         self.queue_wait.add_metric(base, _buckets(waits["buckets"]), waits["sum"])
         fleet_cap = stats.get("fleet_max_in_flight") or 0
-        self.limit.add_metric(base, fleet_cap or stats["limit"])
+        # A fleet's learned limit (adaptive= with fleet=) is the ceiling in force.
+        learned = stats.get("fleet_limit") or 0
+        self.limit.add_metric(base, learned or fleet_cap or stats["limit"])
         # gate.saturated already compares with the fleet cap once one is configured.
         self.saturated.add_metric(base, 1.0 if gate.saturated else 0.0)
         for key, family in self.fleet.items():

@@ -3,6 +3,7 @@
 //! adaptive gate's turn to `async with ... as turn`, and the simulator
 //! (`admitgate._admitgate._simulate`, which `python -m admitgate simulate` drives).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
@@ -11,12 +12,14 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 
 use super::args;
 use super::awaitable::thrown;
+use super::fleet::PyFleetLimit;
 use super::runtime::now;
 use admitgate_core::overload::sim::{
     self, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario,
 };
 use admitgate_core::overload::{CapacitySearch, CapacitySearchConfig, Discipline, LimitController};
 use admitgate_core::Overflow;
+use admitgate_fleet::{FleetLearner, LimitSource};
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
     value
@@ -169,6 +172,35 @@ impl PyAdaptiveLimit {
         }
         config.initial_limit = config.initial_limit.max(config.min_limit);
         Ok(Box::new(CapacitySearch::new(config)))
+    }
+
+    /// The controller of a gate with `fleet=` too: one learned limit for the whole fleet,
+    /// between `min_limit` and the fleet's `max_in_flight`, kept in Redis beside the fleet's
+    /// leases (see `admitgate_fleet::FleetLearner`). `max` is the gate's
+    /// `max_concurrent_runs`, which still bounds this replica's own ceiling.
+    pub fn fleet_controller(
+        &self,
+        max: u32,
+        fleet: &Bound<'_, PyFleetLimit>,
+    ) -> PyResult<Box<dyn LimitController>> {
+        // The same checks as without a fleet: the gate's own ceiling must exist.
+        self.controller(max)?;
+        let cap = fleet.get().config().max_in_flight;
+        if self.min_limit > cap {
+            return Err(PyValueError::new_err(format!(
+                "AdaptiveLimit(min_limit={}) exceeds the fleet's max_in_flight={cap}",
+                self.min_limit
+            )));
+        }
+        let mut config = CapacitySearchConfig::new(u64::from(cap));
+        config.min_limit = u64::from(self.min_limit);
+        if let Some(initial) = self.initial_limit {
+            config.initial_limit = u64::from(initial);
+        }
+        config.initial_limit = config.initial_limit.max(config.min_limit);
+        let fleet: Py<PyFleetLimit> = fleet.clone().unbind();
+        let source: LimitSource = Arc::new(move || fleet.get().current_limit());
+        Ok(Box::new(FleetLearner::new(config, source)))
     }
 
     /// The exception types that report a throttle.

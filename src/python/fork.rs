@@ -1,4 +1,5 @@
-//! After `os.fork()`: the child's gates start empty and its samplers forget cached readings.
+//! After `os.fork()`: the child's gates start empty, its samplers forget cached readings, and
+//! a broker its parent was serving leaves the child's signal handlers as they were.
 //!
 //! admitgate keeps a weak registry of every live gate core and sampler; the package's
 //! `os.register_at_fork(after_in_child=...)` hook calls the two functions here.
@@ -40,11 +41,12 @@ pub fn register_sampler(sampler: &Arc<RssSampler>) {
 /// attached to the interpreter, and `os.fork()` is called by an attached thread, so no other
 /// thread was inside a core operation when the process forked.
 #[pyfunction]
-pub fn _reset_after_fork() {
+pub fn _reset_after_fork(py: Python<'_>) -> PyResult<()> {
     super::exit::reset_after_fork();
     for core in live(&GATES) {
         core.reset_after_fork();
     }
+    super::broker::reset_after_fork(py)
 }
 
 /// Forgets cached readings in a forked child.

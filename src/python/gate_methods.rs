@@ -196,6 +196,20 @@ fn admit_args(
     })
 }
 
+impl PyAdmissionGate {
+    /// The fleet's learned limit, when this gate learns one with its fleet (`adaptive=` and
+    /// `fleet=`) and has read it: what `limit` shows then.
+    fn fleet_learned(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        match (&self.fleet, &self.adaptive) {
+            (Some(fleet), Some(_)) => {
+                let learned = fleet.get().fleet_stats(py)?.learned_limit;
+                Ok((learned > 0).then_some(learned))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 #[pymethods]
 impl PyAdmissionGate {
     #[new]
@@ -243,7 +257,11 @@ impl PyAdmissionGate {
             let limits = declared.limits;
             let controller = adaptive
                 .as_ref()
-                .map(|a| a.get().controller(limits.max_concurrent_runs))
+                .map(|a| match &fleet {
+                    // With a fleet, one learned limit for all of its replicas.
+                    Some(fleet) => a.get().fleet_controller(limits.max_concurrent_runs, fleet),
+                    None => a.get().controller(limits.max_concurrent_runs),
+                })
                 .transpose()?;
             if discipline != Discipline::Fifo && limits.max_concurrent_runs == 0 {
                 return Err(PyValueError::new_err(
@@ -567,10 +585,14 @@ impl PyAdmissionGate {
         self.discipline.as_str()
     }
 
-    /// The effective ceiling now: `max_concurrent_runs`, or what `adaptive=` learned below it.
+    /// The effective ceiling now: `max_concurrent_runs`, or what `adaptive=` learned below it
+    /// (with `fleet=`, the fleet's learned limit, once read).
     #[getter(limit)]
-    fn get_limit(&self) -> PyResult<u64> {
-        guard(|| Ok(self.core.stats(now).limit))
+    fn get_limit(&self, py: Python<'_>) -> PyResult<u64> {
+        guard(|| match self.fleet_learned(py)? {
+            Some(learned) => Ok(learned),
+            None => Ok(self.core.stats(now).limit),
+        })
     }
 
     /// The ceiling on concurrent runs (0: none).
@@ -592,7 +614,12 @@ impl PyAdmissionGate {
         guard(|| {
             if let Some(fleet) = &self.fleet {
                 let s = fleet.get().fleet_stats(py)?;
-                return Ok(s.fleet_in_flight >= u64::from(s.max_in_flight));
+                // The learned limit, when the fleet has one below its cap.
+                let mut cap = u64::from(s.max_in_flight);
+                if s.learned_limit > 0 {
+                    cap = cap.min(s.learned_limit);
+                }
+                return Ok(s.fleet_in_flight >= cap);
             }
             // The effective ceiling: what an adaptive limit learned, else the configured one.
             let s = self.core.stats(now);
@@ -669,7 +696,15 @@ impl PyAdmissionGate {
             d.set_item("cancelled", s.cancelled)?;
             d.set_item("limit", s.limit)?;
             if let Some(fleet) = &self.fleet {
-                set_gate_fleet_keys(&d, &fleet.get().fleet_stats(py)?)?;
+                let fleet_stats = fleet.get().fleet_stats(py)?;
+                set_gate_fleet_keys(&d, &fleet_stats)?;
+                if self.adaptive.is_some() {
+                    // One learned limit for the fleet: `limit` is the fleet's, once read.
+                    d.set_item("fleet_limit", fleet_stats.learned_limit)?;
+                    if fleet_stats.learned_limit > 0 {
+                        d.set_item("limit", fleet_stats.learned_limit)?;
+                    }
+                }
             }
             Ok(d)
         })

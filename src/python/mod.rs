@@ -17,6 +17,7 @@ mod args;
 mod awaitable;
 mod awaitables;
 mod blocking;
+mod broker;
 mod classify;
 mod enter;
 mod errors;
@@ -49,7 +50,9 @@ mod _admitgate {
     #[pymodule_export]
     use super::awaitables::{QueueTimer, Wait};
     #[pymodule_export]
-    use super::classify::{_jsonrpc_request, A2ARoutes};
+    use super::broker::{_broker_main, _panic_in_next_broker, serve_broker};
+    #[pymodule_export]
+    use super::classify::{_jsonrpc_request, A2ARules};
     #[pymodule_export]
     use super::errors::InternalError;
     #[pymodule_export]

@@ -50,7 +50,8 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub max_in_flight_per_tenant: Option<i64>,
     /// Where a request's tenant is read: `header:NAME` (an HTTP header or gRPC metadata key)
-    /// or `path` (the A2A tenant segment, /{tenant}/message:send). Default: no tenant.
+    /// or `path` (the tenant the A2A SDK's router takes from a REST path,
+    /// /{tenant}/message:send; JSON-RPC and gRPC have none). Default: no tenant.
     #[arg(long, value_name = "SOURCE")]
     pub tenant_from: Option<String>,
     /// Gate `work` (default: requests that start or continue agent work) or `all` A2A requests.
@@ -155,7 +156,7 @@ pub enum TenantFrom {
     None,
     /// An HTTP header (or gRPC metadata key), lowercase.
     Header(http::HeaderName),
-    /// The A2A REST tenant segment.
+    /// The tenant the A2A SDK's router takes from a REST path (`admitgate_classify`).
     Path,
 }
 

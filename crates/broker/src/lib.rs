@@ -12,8 +12,13 @@
 //!   defaults), [`server`] (accepting, first-bytes timeout, drain), [`proxy`] (classify,
 //!   admit, forward, upgrades), [`body`] (the permit held until the response body ends),
 //!   [`headers`] (hop-by-hop), [`refusal`] (the refusal answers), [`metrics`] (`/metrics`,
-//!   `/livez`, `/readyz`), [`memory`] (the agent container's cgroup memory), [`logging`],
-//!   [`deadline`] (the caller's deadline, from its headers).
+//!   `/livez`, `/readyz`), [`readiness`] (whether the agent answers), [`memory`] (the agent
+//!   container's cgroup memory), [`logging`], [`deadline`] (the caller's deadline, from its
+//!   headers).
+//!
+//! Two ways to run it: [`run`] (the standalone binary: its own runtime and SIGTERM / SIGINT
+//! handlers) and [`Running`] (stopped from outside: the Python binding's
+//! `admitgate.broker.serve()`, which leaves signals to the interpreter).
 //!
 //! # No panics
 //!
@@ -44,10 +49,13 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod proxy;
+pub mod readiness;
 pub mod refusal;
 pub mod server;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use admitgate_fleet::{FleetConfig, FleetLimit, OnBackendError};
 use admitgate_passage::core_api::ConcurrencyLimit;
@@ -58,14 +66,14 @@ use tokio::sync::watch;
 pub use config::{Config, Flags};
 
 /// Builds the passage and the broker for `config` (on the current runtime).
-fn broker(config: Config) -> Result<Arc<proxy::Broker>, String> {
+fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
     let limits = ConcurrencyLimit::new(
         config.max_in_flight,
         config.queue_depth,
         &config.overflow_policy,
         config.max_in_flight_per_tenant,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Error::Settings(e.to_string()))?;
     let fleet = match &config.fleet {
         None => None,
         Some(url) => {
@@ -82,7 +90,7 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, String> {
                 OnBackendError::Local
             };
             let limit = FleetLimit::new(fleet, tokio::runtime::Handle::current())
-                .map_err(|e| format!("fleet: {e}"))?;
+                .map_err(|e| Error::Settings(format!("fleet: {e}")))?;
             Some(limit)
         }
     };
@@ -97,48 +105,118 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, String> {
         fleet,
         resource,
     });
-    proxy::Broker::new(config, passage).map(Arc::new)
+    proxy::Broker::new(config, passage)
+        .map(Arc::new)
+        .map_err(Error::Start)
+}
+
+/// Why the broker could not start or stopped on its own.
+#[derive(Debug)]
+pub enum Error {
+    /// A listening address could not be bound (in use, not this host's, no permission):
+    /// `setting` is `listen` or `metrics_listen`.
+    Bind {
+        setting: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// A setting the flags' validation cannot see is unusable: the fleet's URL or CA file.
+    Settings(String),
+    /// The broker could not be built (its runtime's threads).
+    Start(String),
+    /// The broker's own task panicked (a bug); the message is the panic's.
+    Panicked(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Bind {
+                setting,
+                addr,
+                source,
+            } => write!(f, "{setting} {addr}: {source}"),
+            Error::Settings(message) | Error::Start(message) => f.write_str(message),
+            Error::Panicked(message) => write!(f, "the broker panicked: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A broker whose ports are bound, not yet serving.
+pub struct Bound {
+    broker: Arc<proxy::Broker>,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+}
+
+async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).await.map_err(|source| Error::Bind {
+        setting,
+        addr,
+        source,
+    })
+}
+
+impl Bound {
+    /// Binds `config`'s ports and builds the broker (on the current runtime), then logs the
+    /// `listening` line with the bound addresses.
+    pub async fn new(config: Config) -> Result<Self, Error> {
+        let listener = bind("listen", config.listen).await?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(bind("metrics_listen", addr).await?),
+            None => None,
+        };
+        let broker = broker(config)?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Start(e.to_string()))?;
+        let mut fields = vec![
+            ("listen", logging::text(&local.to_string())),
+            (
+                "upstream",
+                logging::text(broker.config.upstream.authority.as_str()),
+            ),
+            ("max_in_flight", broker.config.max_in_flight.to_string()),
+        ];
+        if let Some(m) = &metrics_listener {
+            let addr = m.local_addr().map_err(|e| Error::Start(e.to_string()))?;
+            fields.push(("metrics_listen", logging::text(&addr.to_string())));
+        }
+        if let Some(fleet) = broker.passage.fleet() {
+            fields.push(("fleet", logging::text(&fleet.config().redacted_url())));
+        }
+        logging::line("info", "listening", &fields);
+        Ok(Self {
+            broker,
+            listener,
+            metrics_listener,
+        })
+    }
+
+    /// Serves until `stop` turns true, then drains. Returns once drained.
+    pub async fn serve(self, stop: watch::Receiver<bool>) {
+        let Self {
+            broker,
+            listener,
+            metrics_listener,
+        } = self;
+        test_hooks::panic_if_asked();
+        if let Some(m) = metrics_listener {
+            tokio::spawn(metrics::serve(broker.clone(), m));
+        }
+        tokio::spawn(readiness::probe(broker.clone()));
+        server::serve(broker.clone(), listener, stop).await;
+        if let Some(fleet) = broker.passage.fleet() {
+            fleet.shutdown().await;
+        }
+    }
 }
 
 /// Serves `config` until `stop` turns true, then drains. Returns once drained.
-pub async fn serve(config: Config, stop: watch::Receiver<bool>) -> Result<(), String> {
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("listen {}: {e}", config.listen))?;
-    let metrics_listener = match config.metrics_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("metrics_listen {addr}: {e}"))?,
-        ),
-        None => None,
-    };
-    let broker = broker(config)?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let mut fields = vec![
-        ("listen", logging::text(&local.to_string())),
-        (
-            "upstream",
-            logging::text(broker.config.upstream.authority.as_str()),
-        ),
-        ("max_in_flight", broker.config.max_in_flight.to_string()),
-    ];
-    if let Some(m) = &metrics_listener {
-        let addr = m.local_addr().map_err(|e| e.to_string())?;
-        fields.push(("metrics_listen", logging::text(&addr.to_string())));
-    }
-    if let Some(fleet) = broker.passage.fleet() {
-        fields.push(("fleet", logging::text(&fleet.config().redacted_url())));
-    }
-    logging::line("info", "listening", &fields);
-    if let Some(m) = metrics_listener {
-        tokio::spawn(metrics::serve(broker.clone(), m));
-    }
-    tokio::spawn(metrics::probe_until_ready(broker.clone()));
-    server::serve(broker.clone(), listener, stop).await;
-    if let Some(fleet) = broker.passage.fleet() {
-        fleet.shutdown().await;
-    }
+pub async fn serve(config: Config, stop: watch::Receiver<bool>) -> Result<(), Error> {
+    Bound::new(config).await?.serve(stop).await;
     Ok(())
 }
 
@@ -171,14 +249,20 @@ fn signalled() -> impl std::future::Future<Output = ()> {
     }
 }
 
-/// Runs the broker in this process (its own runtime) until SIGTERM / SIGINT and the drain.
-pub fn run(config: Config) -> Result<(), String> {
-    logging::install();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The broker's own runtime: a few worker threads (the proxy is I/O-bound).
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4)))
         .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+        .map_err(|e| Error::Start(format!("runtime: {e}")))
+}
+
+/// Runs the broker in this process (its own runtime) until SIGTERM / SIGINT and the drain:
+/// the standalone binary.
+pub fn run(config: Config) -> Result<(), Error> {
+    logging::install();
+    let runtime = runtime()?;
     runtime.block_on(async move {
         let (stop, stopped) = watch::channel(false);
         let signal = signalled();
@@ -188,4 +272,140 @@ pub fn run(config: Config) -> Result<(), String> {
         });
         serve(config, stopped).await
     })
+}
+
+/// A broker serving on its own runtime, stopped from outside rather than by its own signal
+/// handlers: the Python binding's `admitgate.broker.serve()`, which must leave the process's
+/// signals to the interpreter. [`Running::stop`] starts the same drain as SIGTERM does to the
+/// binary; [`Running::wait`] waits for the end in slices, so the caller can look at other
+/// things (Python's signals) between them.
+pub struct Running {
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: watch::Sender<bool>,
+    /// The serving task, until it has ended.
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Binds `config`'s ports (an error names the address) and starts serving; returns once
+    /// the `listening` line is logged.
+    pub fn start(config: Config) -> Result<Self, Error> {
+        logging::install();
+        let runtime = runtime()?;
+        let bound = runtime.block_on(Bound::new(config))?;
+        let (stop, stopped) = watch::channel(false);
+        let task = Some(runtime.spawn(bound.serve(stopped)));
+        Ok(Self {
+            runtime: Some(runtime),
+            stop,
+            task,
+        })
+    }
+
+    /// Starts the drain: stop accepting, refuse queued requests with `closing`, let running
+    /// ones finish for up to `drain_timeout`.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Waits up to `timeout` for the broker to end: `None` while it still serves or drains,
+    /// then how it ended (a panic of its task is [`Error::Panicked`]), then `Ok` for good.
+    pub fn wait(&mut self, timeout: Duration) -> Option<Result<(), Error>> {
+        let (Some(runtime), Some(task)) = (self.runtime.as_ref(), self.task.as_mut()) else {
+            return Some(Ok(()));
+        };
+        let ended = match runtime.block_on(async { tokio::time::timeout(timeout, task).await }) {
+            Err(_elapsed) => return None,
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(join)) => Err(Error::Panicked(panic_message(join))),
+        };
+        self.task = None;
+        Some(ended)
+    }
+}
+
+/// Dropping a [`Running`] ends the broker at once, without waiting for its drain: every
+/// connection and request still open is cut (their slots are released as their tasks are
+/// dropped). Blocks for at most a second, for the runtime's threads.
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    match join.try_into_panic() {
+        Ok(payload) => {
+            if let Some(text) = payload.downcast_ref::<&str>() {
+                (*text).to_owned()
+            } else if let Some(text) = payload.downcast_ref::<String>() {
+                text.clone()
+            } else {
+                "unknown panic payload".to_owned()
+            }
+        }
+        Err(join) => join.to_string(),
+    }
+}
+
+/// A deliberate panic for the Python binding's tests, which prove a panic inside the broker
+/// becomes an exception rather than an abort. Off unless a test asks.
+#[doc(hidden)]
+pub mod test_hooks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static PANIC_NEXT_SERVE: AtomicBool = AtomicBool::new(false);
+
+    /// Makes the next broker to start serving panic in its own task, right after start-up.
+    pub fn panic_in_next_serve() {
+        PANIC_NEXT_SERVE.store(true, Ordering::Relaxed);
+    }
+
+    #[allow(clippy::panic, reason = "the test hook panics on purpose")]
+    pub(crate) fn panic_if_asked() {
+        if PANIC_NEXT_SERVE.swap(false, Ordering::Relaxed) {
+            panic!("deliberate panic in the broker's task, for a test");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listen: &str) -> Config {
+        Config::from_args(["b", "--upstream", "http://127.0.0.1:9", "--listen", listen]).unwrap()
+    }
+
+    #[test]
+    fn running_serves_until_stopped_then_drains() {
+        let mut running = Running::start(config("127.0.0.1:0")).unwrap();
+        assert!(running.wait(Duration::from_millis(50)).is_none());
+        running.stop();
+        assert!(matches!(
+            running.wait(Duration::from_secs(10)),
+            Some(Ok(()))
+        ));
+        // Asked again once it has ended: still ended.
+        assert!(matches!(running.wait(Duration::ZERO), Some(Ok(()))));
+    }
+
+    #[test]
+    fn a_port_in_use_names_the_setting_and_the_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let Err(error) = Running::start(config(&addr.to_string())) else {
+            panic!("bound a port in use");
+        };
+        assert!(matches!(
+            error,
+            Error::Bind {
+                setting: "listen",
+                ..
+            }
+        ));
+        assert!(error.to_string().starts_with(&format!("listen {addr}: ")));
+    }
 }

@@ -6,13 +6,14 @@
 //! the limit, saturation, and the fleet figures when a fleet limit is set. Everything is read
 //! from the gate and its counters at scrape time; nothing is counted for the scrape.
 //!
-//! `/readyz` is 200 once the upstream has answered (a probe or any request) and while the
-//! broker is not draining, 503 otherwise; `/livez` is 200 while the process serves.
+//! `/readyz` is 200 while the upstream answers ([`crate::readiness`]: it answered within the
+//! last 3 s, a probe or any request) and the broker is not draining, 503 otherwise; `/livez`
+//! is 200 while the process serves.
 
 use std::convert::Infallible;
 use std::fmt::Write;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use admitgate_passage::core_api::{HistogramSnapshot, Rejection};
 use bytes::Bytes;
@@ -24,6 +25,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::proxy::Broker;
+use crate::readiness;
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -210,6 +212,20 @@ pub fn render(broker: &Broker) -> String {
     let _ = writeln!(out, "broker_draining {}", u8::from(passage.running().1));
     family(
         &mut out,
+        "broker_upstream_up",
+        "gauge",
+        &format!(
+            "1 while the agent answers (within the last {} s, a probe or any request).",
+            readiness::DOWN_AFTER.as_secs()
+        ),
+    );
+    let _ = writeln!(
+        out,
+        "broker_upstream_up {}",
+        u8::from(broker.upstream_health.is_up())
+    );
+    family(
+        &mut out,
         "broker_gate_in_flight",
         "gauge",
         "Slots of this broker's gate held (every transport).",
@@ -290,13 +306,19 @@ async fn route(
             let draining = broker.passage.running().1;
             if draining {
                 answer(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
-            } else if broker.upstream_seen.load(Ordering::Relaxed) {
+            } else if broker.upstream_health.is_up() {
                 answer(StatusCode::OK, "text/plain", "ok\n")
-            } else {
+            } else if broker.upstream_health.silent_for(Instant::now()).is_none() {
                 answer(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
                     "upstream not answering yet\n",
+                )
+            } else {
+                answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "upstream not answering\n",
                 )
             }
         }
@@ -304,7 +326,7 @@ async fn route(
     })
 }
 
-/// Serves the operations port until the process ends.
+/// Serves the operations port for as long as the broker's runtime runs.
 pub async fn serve(broker: Arc<Broker>, listener: TcpListener) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -318,15 +340,5 @@ pub async fn serve(broker: Arc<Broker>, listener: TcpListener) {
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
-    }
-}
-
-/// Probes the upstream until it first answers (readiness).
-pub async fn probe_until_ready(broker: Arc<Broker>) {
-    while !broker.upstream_seen.load(Ordering::Relaxed) {
-        if broker.probe_upstream().await {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }

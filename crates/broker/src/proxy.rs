@@ -20,7 +20,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +41,7 @@ use crate::config::{Config, TenantFrom, Upstream};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
+use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
 
 /// What the proxy answers with.
@@ -64,8 +64,8 @@ pub struct Broker {
     pub refusals: RefusalLog,
     http1: Client<HttpConnector, Replayed>,
     http2: Client<HttpConnector, Replayed>,
-    /// Set once an upstream request got an answer (what /readyz waits for).
-    pub upstream_seen: AtomicBool,
+    /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
+    pub upstream_health: UpstreamHealth,
 }
 
 fn full(bytes: impl Into<Bytes>) -> ProxyBody {
@@ -114,7 +114,7 @@ impl Broker {
             rules,
             transports,
             refusals: RefusalLog::default(),
-            upstream_seen: AtomicBool::new(false),
+            upstream_health: UpstreamHealth::default(),
             passage,
             config,
         })
@@ -130,20 +130,17 @@ impl Broker {
         }
     }
 
-    /// Asks the upstream something cheap (`GET /`), for readiness: any answer counts.
-    pub async fn probe_upstream(&self) -> bool {
+    /// Asks the upstream something cheap (`GET /`), for readiness: any answer within
+    /// `timeout` counts.
+    pub async fn probe_upstream(&self, timeout: Duration) -> bool {
         let uri = upstream_uri(&self.config.upstream, "/");
         let Ok(uri) = uri else { return false };
         let mut request = Request::new(Replayed::new(Bytes::new(), None, None));
         *request.uri_mut() = uri;
-        let answered = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            self.http1.request(request),
-        )
-        .await;
+        let answered = tokio::time::timeout(timeout, self.http1.request(request)).await;
         let ok = matches!(answered, Ok(Ok(_)));
         if ok {
-            self.upstream_seen.store(true, Ordering::Relaxed);
+            self.upstream_health.answered();
         }
         ok
     }
@@ -170,7 +167,8 @@ impl Broker {
         let grpc = is_grpc(&request);
         let (mut parts, body) = request.into_parts();
         let path = decode_path(parts.uri.path());
-        let mut rest_tenant = false;
+        // The tenant the SDK's router takes from a REST path (`--tenant-from path`).
+        let mut route_tenant = None;
         let (verdict, transport, body) = if grpc {
             let gated = self.rules.grpc_gates(parts.uri.path());
             let verdict = if gated {
@@ -184,10 +182,11 @@ impl Broker {
                 Replayed::whole(body),
             )
         } else {
-            let kind = self.rules.kind(parts.method.as_str(), &path, "");
+            let reached = self.rules.route(parts.method.as_str(), &path, "");
+            let kind = reached.kind;
             match self.rules.route_verdict(kind) {
                 Some(verdict) => {
-                    rest_tenant = kind != Kind::Pass;
+                    route_tenant = reached.tenant;
                     let label = (kind != Kind::Pass).then_some(self.transports.rest);
                     (verdict, label, Replayed::whole(body))
                 }
@@ -210,7 +209,7 @@ impl Broker {
         let label = transport.map_or(RequestLabel::Passthrough, RequestLabel::Gated);
         let permit = match (&verdict, transport) {
             (Verdict::Gate { id }, Some(tid)) => {
-                let tenant = self.tenant(&parts.headers, &path, rest_tenant);
+                let tenant = self.tenant(&parts.headers, route_tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
                 match self.passage.admit_by(&tenant, tid, deadline).await {
                     Ok(permit) => {
@@ -263,16 +262,17 @@ impl Broker {
             .await)
     }
 
-    /// The tenant of a gated request, as `--tenant-from` says ("" for none).
-    fn tenant(&self, headers: &http::HeaderMap, path: &str, rest: bool) -> String {
+    /// The tenant of a gated request, as `--tenant-from` says ("" for none). `route_tenant`
+    /// is the one the SDK's router takes from a REST path (`None` off its tenant routes,
+    /// and for JSON-RPC and gRPC, whose paths have none).
+    fn tenant(&self, headers: &http::HeaderMap, route_tenant: Option<String>) -> String {
         match &self.config.tenant_from {
             TenantFrom::None => String::new(),
             TenantFrom::Header(name) => headers
                 .get(name)
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                 .unwrap_or_default(),
-            TenantFrom::Path if rest => path_tenant(path, &self.config.path_prefix),
-            TenantFrom::Path => String::new(),
+            TenantFrom::Path => route_tenant.unwrap_or_default(),
         }
     }
 
@@ -325,7 +325,7 @@ impl Broker {
         };
         match answer {
             Ok(response) => {
-                self.upstream_seen.store(true, Ordering::Relaxed);
+                self.upstream_health.answered();
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
                 head.version = Version::HTTP_11;
@@ -370,7 +370,7 @@ impl Broker {
         };
         match answer {
             Ok(mut response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                self.upstream_seen.store(true, Ordering::Relaxed);
+                self.upstream_health.answered();
                 let upstream_side = hyper::upgrade::on(&mut response);
                 tokio::spawn(async move {
                     if let (Ok(client), Ok(upstream)) = (client_side.await, upstream_side.await) {
@@ -406,30 +406,6 @@ fn is_grpc<B>(request: &Request<B>) -> bool {
         .headers()
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
-/// The tenant segment of an A2A REST path: `/{tenant}/message:send` (after the prefix, or
-/// before it in the SDK's `/{tenant}<prefix>/...` layout); "" when the path has none.
-fn path_tenant(path: &str, prefix: &str) -> String {
-    let prefix = prefix.trim_end_matches('/');
-    let below = match path.strip_prefix(prefix) {
-        Some(rest) if !prefix.is_empty() && rest.starts_with('/') => rest,
-        _ => path,
-    };
-    let mut segments = below.trim_start_matches('/').split('/');
-    let first = segments.next().unwrap_or("");
-    let route_words = [
-        "message:send",
-        "message:stream",
-        "tasks",
-        "extendedAgentCard",
-        "v1",
-        "",
-    ];
-    if segments.next().is_none() || route_words.contains(&first) {
-        return String::new();
-    }
-    first.to_owned()
 }
 
 fn forwarded_for(headers: &mut http::HeaderMap, peer: SocketAddr) {
@@ -538,18 +514,4 @@ async fn drain(mut body: Replayed) -> bool {
     tokio::time::timeout(DRAIN_TIMEOUT, read_to_end)
         .await
         .unwrap_or(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tenants_from_paths() {
-        assert_eq!(path_tenant("/acme/message:send", ""), "acme");
-        assert_eq!(path_tenant("/message:send", ""), "");
-        assert_eq!(path_tenant("/tasks/abc:subscribe", ""), "");
-        assert_eq!(path_tenant("/a2a/acme/message:send", "/a2a"), "acme");
-        assert_eq!(path_tenant("/acme/a2a/message:send", "/a2a"), "acme");
-    }
 }

@@ -12,14 +12,20 @@
 //!
 //! The grammar is Python's (`json` with `strict=True`): `NaN`, `Infinity` and `-Infinity`
 //! are numbers, lone `\ud800` escapes are allowed, raw control characters inside strings are
-//! not. Nesting is followed with an explicit depth counter (no recursion), so the scan is
+//! not. The bytes are decoded as `json.loads(bytes)` decodes them: UTF-8, UTF-16 or UTF-32
+//! detected from the first bytes, with `surrogatepass`, so a lone surrogate (raw in any of
+//! the three, or escaped) is valid there too. A string holding one is no A2A method name and
+//! no `id` a response can carry (the SDK's own answer then fails to encode), so such a
+//! `method` or `id` is read as absent: the request is classified as having none, and a
+//! refusal answers `"id": null`. Nesting is followed with an explicit depth counter (no recursion), so the scan is
 //! linear in the input and uses constant stack whatever the shape: where Python would give
 //! up past its recursion limit (and so would the app behind the broker), this reads on; the
 //! request is then classified by its method, which gates more, never less.
 
-/// A JSON-RPC `id` as the refusal echoes it: a string or an integer (the text of its digits,
-/// any size), else `null` (as `_response_id` in Python: floats, booleans and others are not
-/// echoed).
+/// A JSON-RPC `id` as the refusal echoes it, which is as the A2A SDK echoes it: a string or
+/// an integer (the text of its digits, any size), else `null` (the SDK's JSON-RPC handling
+/// answers floats, booleans, containers and `null` with `null`, and cannot encode a string
+/// holding a lone surrogate).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RpcId {
     /// No usable id: answered as `null`.
@@ -33,7 +39,7 @@ pub enum RpcId {
 /// The members of a request the front door reads.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Request {
-    /// `method`, when it is a string.
+    /// `method`, when it is a string (of Unicode scalar values: see the module comment).
     pub method: Option<String>,
     /// `id`, for the refusal.
     pub id: Option<RpcId>,
@@ -44,6 +50,37 @@ enum Value {
     Str(String),
     Int(String),
     Other,
+}
+
+/// How many bytes at the start of `bytes` can sit in a JSON string as they are: none of `"`,
+/// `\` or a control character. Eight bytes at a time: each test below is nonzero when some
+/// byte of the word matches (the usual "has a zero byte" trick; it may also flag bytes past
+/// the first match, never a word without one), and the word that flags is finished byte by
+/// byte, so the answer is exact.
+fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let quote = ONES.wrapping_mul(u64::from(b'"'));
+    let backslash = ONES.wrapping_mul(u64::from(b'\\'));
+    let control = ONES.wrapping_mul(0x20);
+    let mut words = 0usize;
+    for chunk in bytes.chunks_exact(8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let below_space = x.wrapping_sub(control) & !x & HIGH;
+        if below_space | has_zero(x ^ quote) | has_zero(x ^ backslash) != 0 {
+            break;
+        }
+        words = words.saturating_add(8);
+    }
+    let tail = bytes.get(words..).unwrap_or_default();
+    let plain = tail
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .unwrap_or(tail.len());
+    words.saturating_add(plain)
 }
 
 struct Scanner<'a> {
@@ -90,16 +127,26 @@ impl<'a> Scanner<'a> {
         Ok(value)
     }
 
-    /// A string starting at `"`; its decoded text when `keep` (lone surrogates become
-    /// U+FFFD: such a text can equal no key or method name we look for, as in Python).
-    fn string(&mut self, keep: bool) -> Step<String> {
+    /// A string starting at `"`. With `keep`, its decoded text, or `None` when it holds a
+    /// lone surrogate (escaped, or raw: the decoded buffer keeps those in their three-byte
+    /// form), which no key, method name or echoable id can hold; without `keep`, `None`.
+    fn string(&mut self, keep: bool) -> Step<Option<String>> {
         if self.peek() != Some(b'"') {
             return Err(());
         }
         self.bump();
         let mut out = Vec::new();
+        let mut lone_surrogate = false;
         loop {
-            let c = self.peek().ok_or(())?;
+            // The plain run up to the next quote, backslash or control character, in one
+            // pass (most of a body is such runs: message text).
+            let rest = self.bytes.get(self.pos..).unwrap_or_default();
+            let run = plain_run(rest);
+            if keep {
+                out.extend_from_slice(rest.get(..run).unwrap_or_default());
+            }
+            self.pos = self.pos.saturating_add(run);
+            let c = self.peek().ok_or(())?; // none: the string does not end
             self.bump();
             match c {
                 b'"' => break,
@@ -117,6 +164,9 @@ impl<'a> Scanner<'a> {
                         b't' => '\t',
                         b'u' => {
                             let unit = self.hex4()?;
+                            let mut code = Some(unit);
+                            // A high surrogate escape followed by a low one is one character
+                            // (as Python's scanner pairs them); anything else leaves it alone.
                             if (0xd800..0xdc00).contains(&unit)
                                 && self.bytes.get(self.pos..self.pos.saturating_add(2))
                                     == Some(b"\\u")
@@ -125,16 +175,21 @@ impl<'a> Scanner<'a> {
                                 self.pos = self.pos.saturating_add(2);
                                 let low = self.hex4()?;
                                 if (0xdc00..0xe000).contains(&low) {
-                                    let code = 0x10000u32
-                                        .wrapping_add((unit.wrapping_sub(0xd800)) << 10)
-                                        .wrapping_add(low.wrapping_sub(0xdc00));
-                                    char::from_u32(code).unwrap_or('\u{fffd}')
+                                    code = Some(
+                                        0x10000u32
+                                            .wrapping_add((unit.wrapping_sub(0xd800)) << 10)
+                                            .wrapping_add(low.wrapping_sub(0xdc00)),
+                                    );
                                 } else {
                                     self.pos = save;
-                                    '\u{fffd}'
                                 }
-                            } else {
-                                char::from_u32(unit).unwrap_or('\u{fffd}')
+                            }
+                            match code.and_then(char::from_u32) {
+                                Some(decoded) => decoded,
+                                None => {
+                                    lone_surrogate = true;
+                                    continue;
+                                }
                             }
                         }
                         _ => return Err(()),
@@ -144,19 +199,16 @@ impl<'a> Scanner<'a> {
                         out.extend_from_slice(decoded.encode_utf8(&mut buf).as_bytes());
                     }
                 }
-                // strict=True: control characters must be escaped.
-                0..=0x1f => return Err(()),
-                _ => {
-                    if keep {
-                        out.push(c);
-                    }
-                }
+                // strict=True: control characters must be escaped (the run stops only at
+                // these three kinds of byte).
+                _ => return Err(()),
             }
         }
-        Ok(if keep {
-            String::from_utf8_lossy(&out).into_owned()
+        // Raw lone surrogates (or, in a cut head, bytes that are not UTF-8) fail here.
+        Ok(if keep && !lone_surrogate {
+            String::from_utf8(out).ok()
         } else {
-            String::new()
+            None
         })
     }
 
@@ -215,7 +267,11 @@ impl<'a> Scanner<'a> {
     /// Any value, nesting followed iteratively. `keep`: decode a top-level string.
     fn value(&mut self, keep: bool) -> Step<Value> {
         match self.peek().ok_or(())? {
-            b'"' => return self.string(keep).map(Value::Str),
+            b'"' => {
+                return self
+                    .string(keep)
+                    .map(|text| text.map_or(Value::Other, Value::Str))
+            }
             b'{' | b'[' => {}
             b't' if self.eat(b"true") => return Ok(Value::Other),
             b'f' if self.eat(b"false") => return Ok(Value::Other),
@@ -319,10 +375,42 @@ fn keep_member(found: &mut Request, key: &str, value: Value) {
     }
 }
 
-/// Decodes a body as `json.loads(bytes)` does: UTF-8 (a BOM is refused by `json.loads` on
-/// a str, but `detect_encoding` strips it for bytes), UTF-16 or UTF-32 detected from the
-/// first bytes. `None` when it does not decode (invalid JSON to Python too, except UTF-8
-/// holding encoded surrogates, which `surrogatepass` accepts: see [`parse_request`]).
+/// Appends `code` in UTF-8's form, surrogates included (their three-byte form is what
+/// Python's `surrogatepass` reads and writes; [`Scanner::string`] tells them apart).
+fn push_code(out: &mut Vec<u8>, code: u32) {
+    if let Some(c) = char::from_u32(code) {
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+    } else {
+        // A surrogate (0xD800..0xDFFF: the only codes below 0x110000 that are not chars).
+        let byte = |bits: u32| u8::try_from(bits).unwrap_or(0);
+        out.extend_from_slice(&[
+            byte(0xe0 | (code >> 12)),
+            byte(0x80 | ((code >> 6) & 0x3f)),
+            byte(0x80 | (code & 0x3f)),
+        ]);
+    }
+}
+
+/// Whether `bytes` is UTF-8 as Python decodes it with `surrogatepass`: valid UTF-8 where the
+/// three-byte forms of U+D800..U+DFFF are also allowed. Linear: each failed validation
+/// resumes after the surrogate it stopped at.
+fn is_utf8_surrogatepass(mut bytes: &[u8]) -> bool {
+    loop {
+        let Err(error) = std::str::from_utf8(bytes) else {
+            return true;
+        };
+        match bytes.get(error.valid_up_to()..) {
+            Some([0xed, 0xa0..=0xbf, 0x80..=0xbf, rest @ ..]) => bytes = rest,
+            _ => return false,
+        }
+    }
+}
+
+/// Decodes a body as `json.loads(bytes)` does (`json.detect_encoding`, then the codec with
+/// `surrogatepass`): UTF-8 (a leading BOM skipped), UTF-16 or UTF-32 detected from the first
+/// bytes, into UTF-8 bytes in which lone surrogates keep their three-byte form. `None` when
+/// Python could not decode it either (then `json.loads` raises: no request).
 fn decode(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     use std::borrow::Cow;
     let b = |i: usize| body.get(i).copied().unwrap_or(1);
@@ -336,15 +424,21 @@ fn decode(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
             [x, y] => u16::from_le_bytes([*x, *y]),
             _ => 0,
         });
-        let text: Result<String, _> = char::decode_utf16(units).collect();
-        text.ok().map(|t| Cow::Owned(t.into_bytes()))
+        let mut out = Vec::with_capacity(data.len());
+        for unit in char::decode_utf16(units) {
+            match unit {
+                Ok(c) => push_code(&mut out, u32::from(c)),
+                Err(lone) => push_code(&mut out, u32::from(lone.unpaired_surrogate())),
+            }
+        }
+        Some(Cow::Owned(out))
     };
     let units32 = |big: bool, skip: usize| -> Option<Cow<'_, [u8]>> {
         let data = body.get(skip..)?;
         if data.len() % 4 != 0 {
             return None;
         }
-        let mut text = String::new();
+        let mut out = Vec::with_capacity(data.len());
         for p in data.chunks_exact(4) {
             let bytes: [u8; 4] = p.try_into().ok()?;
             let code = if big {
@@ -352,16 +446,14 @@ fn decode(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
             } else {
                 u32::from_le_bytes(bytes)
             };
-            text.push(char::from_u32(code)?);
+            if code > 0x10ffff {
+                return None;
+            }
+            push_code(&mut out, code);
         }
-        Some(Cow::Owned(text.into_bytes()))
+        Some(Cow::Owned(out))
     };
-    // json.detect_encoding, in its order.
-    if body.starts_with(&[0xef, 0xbb, 0xbf]) {
-        return std::str::from_utf8(body.get(3..)?)
-            .ok()
-            .map(|s| Cow::Borrowed(s.as_bytes()));
-    }
+    // json.detect_encoding, in its order (the UTF-8 BOM overlaps neither other BOM).
     if body.starts_with(&[0, 0, 0xfe, 0xff]) {
         return units32(true, 4);
     }
@@ -373,6 +465,10 @@ fn decode(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     }
     if body.starts_with(&[0xff, 0xfe]) {
         return units16(false, 2);
+    }
+    if body.starts_with(&[0xef, 0xbb, 0xbf]) {
+        let data = body.get(3..)?;
+        return is_utf8_surrogatepass(data).then_some(Cow::Borrowed(data));
     }
     if body.len() >= 4 {
         if b(0) == 0 {
@@ -397,27 +493,14 @@ fn decode(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
             return units16(false, 0);
         }
     }
-    std::str::from_utf8(body)
-        .ok()
-        .map(|s| Cow::Borrowed(s.as_bytes()))
+    is_utf8_surrogatepass(body).then_some(Cow::Borrowed(body))
 }
 
 /// What `json.loads(body)` would make of a whole request: `Some` with its `method` and `id`
 /// when the body is a JSON object, `None` when it is invalid JSON or not an object (so not a
-/// request the app runs: it answers a parse error).
-///
-/// `Err(())` when this cannot tell: UTF-8 holding encoded surrogates, which Python decodes
-/// with `surrogatepass`; the caller gates such a body rather than guess.
-#[allow(clippy::result_unit_err)]
-pub fn parse_request(body: &[u8]) -> Result<Option<Request>, ()> {
-    let Some(text) = decode(body) else {
-        // Undecodable: the same verdict as Python unless the failure is an encoded
-        // surrogate (ED A0..BF xx), which `surrogatepass` takes.
-        if body.windows(2).any(|w| matches!(w, [0xed, 0xa0..=0xbf])) {
-            return Err(());
-        }
-        return Ok(None);
-    };
+/// request the app runs: it answers a parse error or an invalid request).
+pub fn parse_request(body: &[u8]) -> Option<Request> {
+    let text = decode(body)?;
     let mut scanner = Scanner {
         bytes: &text,
         pos: 0,
@@ -425,23 +508,20 @@ pub fn parse_request(body: &[u8]) -> Result<Option<Request>, ()> {
     scanner.ws();
     if scanner.peek() != Some(b'{') {
         // Valid JSON that is not an object is not a request either; either way, no method.
-        return Ok(None);
+        return None;
     }
     let found = walk_object(&mut scanner, false);
     scanner.ws();
-    match found {
-        Some(request) if scanner.pos == scanner.bytes.len() => Ok(Some(request)),
-        _ => Ok(None),
-    }
+    found.filter(|_| scanner.pos == scanner.bytes.len())
 }
 
-/// `(method, id)` from the start of a request too long to parse whole (decoded as UTF-8 with
-/// replacement, as `_scan_head`): the top-level members that end inside `head`, stopping at
-/// the first that does not.
+/// `(method, id)` from the start of a request too long to parse whole: the top-level members
+/// that end inside `head`, stopping at the first that does not. Read as UTF-8 bytes, not
+/// decoded first (the prefix may end inside a character): a kept string that is not valid
+/// UTF-8 counts as absent, and anything else that is not ASCII can only sit inside strings.
 pub fn scan_head(head: &[u8]) -> Request {
-    let text = String::from_utf8_lossy(head);
     let mut scanner = Scanner {
-        bytes: text.as_bytes(),
+        bytes: head,
         pos: 0,
     };
     scanner.ws();
@@ -473,6 +553,7 @@ fn walk_members(scanner: &mut Scanner<'_>, found: &mut Request, partial: bool) -
         let Ok(key) = scanner.string(true) else {
             return false;
         };
+        let key = key.unwrap_or_default();
         scanner.ws();
         if !scanner.eat(b":") {
             return false;
@@ -502,7 +583,7 @@ mod tests {
     use super::*;
 
     fn req(body: &str) -> Option<Request> {
-        parse_request(body.as_bytes()).unwrap()
+        parse_request(body.as_bytes())
     }
 
     #[test]
@@ -534,10 +615,70 @@ mod tests {
         let utf16: Vec<u8> =
             r#"{"method":"SendMessage"}"#.encode_utf16().flat_map(u16::to_le_bytes).collect();
         assert_eq!(
-            parse_request(&utf16).unwrap().unwrap().method.as_deref(),
+            parse_request(&utf16).unwrap().method.as_deref(),
             Some("SendMessage")
         );
-        assert_eq!(parse_request(b"{\"m\":\"\xed\xa0\x80\"}"), Err(()));
+    }
+
+    #[test]
+    fn lone_surrogates_decode_as_surrogatepass() {
+        // Raw in UTF-8, UTF-16 and UTF-32: valid to json.loads(bytes), so still a request.
+        let work = |body: &[u8]| parse_request(body).and_then(|r| r.method);
+        assert_eq!(
+            work(b"{\"m\":\"\xed\xa0\x80\",\"method\":\"SendMessage\"}").as_deref(),
+            Some("SendMessage")
+        );
+        let units: Vec<u16> = r#"{"method":"SendMessage","x":"?"}"#
+            .encode_utf16()
+            .map(|u| if u == u16::from(b'?') { 0xdc00 } else { u })
+            .collect();
+        let le: Vec<u8> = units.iter().flat_map(|u| u.to_le_bytes()).collect();
+        let be: Vec<u8> = units.iter().flat_map(|u| u.to_be_bytes()).collect();
+        assert_eq!(work(&le).as_deref(), Some("SendMessage"));
+        assert_eq!(work(&be).as_deref(), Some("SendMessage"));
+        let utf32: Vec<u8> = units
+            .iter()
+            .flat_map(|u| u32::from(*u).to_le_bytes())
+            .collect();
+        assert_eq!(work(&utf32).as_deref(), Some("SendMessage"));
+        // Not a code point at all: undecodable, as in Python.
+        let past: Vec<u8> = units
+            .iter()
+            .map(|u| {
+                if *u == 0xdc00 {
+                    0x110000
+                } else {
+                    u32::from(*u)
+                }
+            })
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        assert_eq!(parse_request(&past), None);
+        // A method or id holding one (raw or escaped) is read as absent: no A2A name has one,
+        // and no response can echo it.
+        let r = parse_request(br#"{"method":"SendMessage\ud800","id":"a\udc00"}"#).unwrap();
+        assert_eq!((r.method, r.id), (None, Some(RpcId::Null)));
+        let r = parse_request(b"{\"id\":\"\xed\xb0\x80\",\"method\":\"\\ud83d\\ude00\"}").unwrap();
+        assert_eq!(
+            (r.method.as_deref(), r.id),
+            (Some("\u{1f600}"), Some(RpcId::Null))
+        );
+        assert_eq!(parse_request(b"{\"a\":\"\xed\xa0\"}"), None);
+    }
+
+    #[test]
+    fn plain_runs_stop_at_the_first_special_byte() {
+        for len in 0..40 {
+            for special in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                for at in 0..=len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes.extend_from_slice(&[0xff, 0x80, b' ', 0x7f]);
+                    bytes.insert(at, special);
+                    assert_eq!(plain_run(&bytes), at, "{len} {special} {at}");
+                }
+            }
+            assert_eq!(plain_run(&vec![0xe9; len]), len);
+        }
     }
 
     #[test]
@@ -546,6 +687,14 @@ mod tests {
         assert_eq!(r.id, Some(RpcId::Str("abc".into())));
         let r = scan_head(br#"{"params":{"id":5},"id":12"#);
         assert_eq!(r.id, None);
+        // A kept string that is not UTF-8 (a lone surrogate, or garbage) is no id to echo.
+        let r = scan_head(b"{\"id\":\"\xed\xa0\x80\",\"params\":[");
+        assert_eq!(r.id, Some(RpcId::Null));
+        let r = scan_head(b"{\"id\":\"\xff\",\"method\":\"\xc3\xa9\",\"params\":\"\xff");
+        assert_eq!(
+            (r.method.as_deref(), r.id),
+            (Some("\u{e9}"), Some(RpcId::Null))
+        );
     }
 
     #[test]

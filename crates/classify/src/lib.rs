@@ -4,7 +4,8 @@
 //! in-process front doors (`admitgate.asgi`, `admitgate._a2a_routes`, `admitgate.grpc`):
 //!
 //! * [`routes`]: which A2A endpoint an HTTP request reaches, as Starlette routes the A2A
-//!   SDK's own routes (REST 1.0 and v0.3, tenant segments, the JSON-RPC endpoint).
+//!   SDK's own routes (REST 1.0 and v0.3, tenant segments, the JSON-RPC endpoint), and the
+//!   tenant the SDK's router takes from the path.
 //! * [`jsonrpc`]: the `method` and `id` of a JSON-RPC body, read as `json.loads` reads it,
 //!   whole within the peek limit, or from a bounded prefix (linear time, constant stack).
 //! * [`Rules`]: the method rule on top of both (work is gated, reads and cancellations
@@ -31,7 +32,7 @@ pub mod jsonrpc;
 pub mod routes;
 
 pub use jsonrpc::{parse_request, scan_head, Request, RpcId};
-pub use routes::{sdk_routers, Kind, Router};
+pub use routes::{sdk_routers, Kind, Reached, Router};
 
 /// The JSON-RPC methods that start or continue agent work (A2A 1.0 names, then v0.3 names).
 pub const JSONRPC_WORK_METHODS: [&str; 6] = [
@@ -105,6 +106,12 @@ impl Rules {
             .unwrap_or(Kind::Pass)
     }
 
+    /// [`Rules::kind`] with the tenant the SDK's router takes from the path (its
+    /// `Mount("/{tenant}", ...)`): see [`routes::strongest`].
+    pub fn route(&self, method: &str, path: &str, root_path: &str) -> Reached {
+        routes::strongest(&self.routers, method, path, root_path)
+    }
+
     /// Whether a request of `kind` is gated before its body is seen; `None` for JSON-RPC,
     /// whose body decides ([`Rules::jsonrpc_verdict`]).
     pub fn route_verdict(&self, kind: Kind) -> Option<Verdict> {
@@ -127,7 +134,7 @@ impl Rules {
             };
         }
         match parse_request(body) {
-            Ok(Some(request)) => {
+            Some(request) => {
                 let work = request
                     .method
                     .as_deref()
@@ -139,10 +146,8 @@ impl Rules {
                 }
             }
             // Invalid JSON is no request: the app answers a parse error, with no work.
-            Ok(None) if !self.gate_all => Verdict::Pass,
-            Ok(None) => Verdict::Gate { id: None },
-            // Python might read it (encoded surrogates): gated rather than guessed.
-            Err(()) => Verdict::Gate { id: None },
+            None if !self.gate_all => Verdict::Pass,
+            None => Verdict::Gate { id: None },
         }
     }
 
@@ -216,6 +221,16 @@ mod tests {
             Verdict::Gate {
                 id: Some(RpcId::Int("3".into()))
             }
+        );
+        // UTF-16 holding a lone surrogate is JSON to Python (surrogatepass): still work.
+        let utf16: Vec<u8> = r#"{"method":"SendMessage","x":"?"}"#
+            .encode_utf16()
+            .map(|u| if u == 0x3f { 0xd800 } else { u })
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        assert_eq!(
+            rules.jsonrpc_verdict(&utf16, true),
+            Verdict::Gate { id: None }
         );
         assert!(rules.grpc_gates("/lf.a2a.v1.A2AService/SendMessage"));
         assert!(!rules.grpc_gates("/lf.a2a.v1.A2AService/GetTask"));

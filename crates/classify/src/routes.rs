@@ -69,12 +69,35 @@ const V10: [Route; 12] = [
     ("/extendedAgentCard", "GET", Kind::Read),
 ];
 
+/// What a request reaches: the endpoint's kind and, on the SDK's tenant routes
+/// (`Mount("/{tenant}", ...)`), the tenant its router takes from the path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reached {
+    /// What the endpoint does.
+    pub kind: Kind,
+    /// Starlette's `path_params["tenant"]` (what the SDK hands its handler as the call's
+    /// tenant); `None` for a route outside the tenant mount, and for [`Kind::Pass`].
+    pub tenant: Option<String>,
+}
+
+impl Reached {
+    const PASS: Self = Self {
+        kind: Kind::Pass,
+        tenant: None,
+    };
+}
+
+/// The one path parameter the SDK's routers bind that the gate cares about.
+const TENANT: &str = "tenant";
+
 /// One piece of a route template.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Piece {
     Literal(String),
-    /// `{name}`: `[^/]+`.
-    Param,
+    /// `{name}`: `[^/]+`. Only whether the name is `tenant` matters.
+    Param {
+        tenant: bool,
+    },
 }
 
 /// A compiled route template.
@@ -94,7 +117,12 @@ impl Template {
             if let Some(literal) = rest.get(..open).filter(|l| !l.is_empty()) {
                 pieces.push(Piece::Literal(literal.to_owned()));
             }
-            pieces.push(Piece::Param);
+            let name = rest
+                .get(open.saturating_add(1)..open.saturating_add(close))
+                .unwrap_or("");
+            pieces.push(Piece::Param {
+                tenant: name == TENANT,
+            });
             rest = rest
                 .get(open.saturating_add(close).saturating_add(1)..)
                 .unwrap_or("");
@@ -118,7 +146,7 @@ impl Template {
                 here.starts_with(literal.as_str())
                     && Self::match_at(rest, text, pos.saturating_add(literal.len()), tail)
             }
-            Piece::Param => {
+            Piece::Param { .. } => {
                 let run = here.find('/').unwrap_or(here.len());
                 // Greedy with backtracking, as the regex engine; each candidate end is a char
                 // boundary (the run holds whole characters).
@@ -189,18 +217,29 @@ impl Router {
     /// What the endpoint this router reaches for `method path` does ([`Kind::Pass`] when it
     /// reaches none).
     pub fn kind(&self, method: &str, path: &str, root_path: &str) -> Kind {
+        self.route(method, path, root_path).kind
+    }
+
+    /// The endpoint this router reaches for `method path`, with the tenant its mount took
+    /// from the path ([`Reached::PASS`] when it reaches none).
+    pub fn route(&self, method: &str, path: &str, root_path: &str) -> Reached {
         let rpath = route_path(path, root_path);
         // The first route whose path matches and whose methods include the request's wins
         // (a GET route answers HEAD too); a path match with another method is a 405.
         for (template, route_method, kind) in &self.routes {
             let accepts = *route_method == method || (method == "HEAD" && *route_method == "GET");
             if accepts && template.full_match(rpath) {
-                return *kind;
+                // No route of the SDK's tables binds a tenant: only its mount does.
+                return Reached {
+                    kind: *kind,
+                    tenant: None,
+                };
             }
         }
         if let Some((template, inner)) = &self.mount {
             // `^mount/(.*)$`: `.*` stops at a newline, `$` may stand before a final one.
             let mut group_start = None;
+            let mut tenant = None;
             let matched = Template::match_at(&template.pieces, rpath, 0, &|end| {
                 let Some(after) = rpath.get(end..) else {
                     return false;
@@ -215,8 +254,9 @@ impl Router {
             });
             if matched {
                 // Recover the group: the parameter run is maximal (a "/" follows it).
-                if let Some(end) = mount_end(&template.pieces, rpath) {
+                if let Some((end, bound)) = mount_end(&template.pieces, rpath) {
                     group_start = Some(end.saturating_add(1));
+                    tenant = bound;
                 }
             }
             if let Some(start) = group_start {
@@ -234,16 +274,27 @@ impl Router {
                 let mut below = String::with_capacity(root_path.len().saturating_add(cut));
                 below.push_str(root_path);
                 below.push_str(rpath.get(..cut).unwrap_or(""));
-                return inner.kind(method, path, &below);
+                let reached = inner.route(method, path, &below);
+                if reached.kind == Kind::Pass {
+                    return Reached::PASS; // a 404 below the mount has no tenant
+                }
+                // A tenant bound further in (none in the SDK's layouts) is the nearer one.
+                let tenant = reached.tenant.or_else(|| tenant.map(str::to_owned));
+                return Reached {
+                    kind: reached.kind,
+                    tenant,
+                };
             }
         }
-        Kind::Pass
+        Reached::PASS
     }
 }
 
-/// Where the mount template's match ends in `text` (its parameters take maximal runs).
-fn mount_end(pieces: &[Piece], text: &str) -> Option<usize> {
+/// Where the mount template's match ends in `text` (its parameters take maximal runs), and
+/// the value its `{tenant}` parameter binds, if it has one.
+fn mount_end<'t>(pieces: &[Piece], text: &'t str) -> Option<(usize, Option<&'t str>)> {
     let mut pos = 0usize;
+    let mut tenant = None;
     for piece in pieces {
         let here = text.get(pos..)?;
         match piece {
@@ -253,16 +304,32 @@ fn mount_end(pieces: &[Piece], text: &str) -> Option<usize> {
                 }
                 pos = pos.saturating_add(literal.len());
             }
-            Piece::Param => {
+            Piece::Param { tenant: binds } => {
                 let run = here.find('/').unwrap_or(here.len());
                 if run == 0 {
                     return None;
+                }
+                if *binds {
+                    tenant = here.get(..run);
                 }
                 pos = pos.saturating_add(run);
             }
         }
     }
-    Some(pos)
+    Some((pos, tenant))
+}
+
+/// What `method path` reaches in the strongest of `routers` (the layouts of
+/// [`sdk_routers`]), with the tenant of the first layout that gives that kind.
+pub fn strongest(routers: &[Router], method: &str, path: &str, root_path: &str) -> Reached {
+    let mut best = Reached::PASS;
+    for router in routers {
+        let reached = router.route(method, path, root_path);
+        if reached.kind > best.kind {
+            best = reached;
+        }
+    }
+    best
 }
 
 fn at(prefix: &str, routes: &[Route]) -> Vec<(String, &'static str, Kind)> {
@@ -350,6 +417,81 @@ mod tests {
         assert_eq!(kind("POST", "/a2a/t/message:send"), Some(Kind::Work));
         assert_eq!(kind("POST", "/a2a"), Some(Kind::JsonRpc));
         assert_eq!(kind("POST", "/message:send"), Some(Kind::Pass));
+    }
+
+    fn tenant(prefix: &str, method: &str, path: &str) -> (Kind, Option<String>) {
+        let reached = strongest(&sdk_routers(prefix, Some("/")), method, path, "");
+        (reached.kind, reached.tenant)
+    }
+
+    #[test]
+    fn the_tenant_is_the_one_the_sdks_mount_binds() {
+        let t = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            tenant("", "POST", "/acme/message:send"),
+            (Kind::Work, t("acme"))
+        );
+        assert_eq!(tenant("", "POST", "/message:send"), (Kind::Work, None));
+        // Segments that are route words elsewhere are tenants here, as Starlette routes them.
+        assert_eq!(
+            tenant("", "POST", "/tasks/message:send"),
+            (Kind::Work, t("tasks"))
+        );
+        assert_eq!(tenant("", "POST", "/v1/message:send"), (Kind::Work, None));
+        assert_eq!(
+            tenant("", "POST", "/v1/message:stream/x"),
+            (Kind::Pass, None)
+        );
+        assert_eq!(
+            tenant("", "POST", "/message:send/message:send"),
+            (Kind::Work, t("message:send"))
+        );
+        assert_eq!(
+            tenant("", "GET", "/acme/tasks/abc:subscribe"),
+            (Kind::Work, t("acme"))
+        );
+        assert_eq!(
+            tenant("", "GET", "/acme/tasks/abc"),
+            (Kind::Read, t("acme"))
+        );
+        assert_eq!(
+            tenant("", "POST", "/ac\nme/message:send"),
+            (Kind::Work, t("ac\nme"))
+        );
+        // Below a mount, Starlette's `$` before a final newline leaves the child a path it
+        // cannot route (see `Router::route`): a 404.
+        assert_eq!(
+            tenant("", "POST", "/acme/message:send\n"),
+            (Kind::Pass, None)
+        );
+        // A tenant mount reaching no route is a 404: no tenant.
+        assert_eq!(
+            tenant("", "POST", "/acme/v1/message:send"),
+            (Kind::Pass, None)
+        );
+        assert_eq!(
+            tenant("", "GET", "/acme/.well-known/agent-card.json"),
+            (Kind::Pass, None)
+        );
+        // The JSON-RPC endpoint has no tenant segment.
+        assert_eq!(tenant("", "POST", "/"), (Kind::JsonRpc, None));
+        // Both prefixed layouts: /{tenant}/a2a/... and /a2a/{tenant}/...
+        assert_eq!(
+            tenant("/a2a", "POST", "/t/a2a/message:send"),
+            (Kind::Work, t("t"))
+        );
+        assert_eq!(
+            tenant("/a2a", "POST", "/a2a/t/message:send"),
+            (Kind::Work, t("t"))
+        );
+        assert_eq!(
+            tenant("/a2a", "POST", "/a2a/message:send"),
+            (Kind::Work, None)
+        );
+        assert_eq!(
+            tenant("/a2a", "POST", "/t/message:send"),
+            (Kind::Pass, None)
+        );
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! index holds, for each lane (one per scope, one for unscoped turns) that is below its
 //! limit and not empty, the arrival number of its head, so the next waiter to run is the
 //! first entry of that index. A tenant at its sub-limit is skipped, not dropped, and a
-//! newcomer never overtakes an eligible waiter.
+//! newcomer never overtakes an eligible waiter. Under a discipline that serves newest first
+//! (the adaptive queue), `ready_newest` files each eligible lane by its *newest* waiter
+//! instead, so the newest eligible waiter is its last entry: found in O(log lanes), where
+//! walking back from the newest waiter passed every waiter of every tenant at its limit.
 //!
 //! Memory pressure: the last resource decision is remembered. Under soft or hard pressure
 //! a release hands its slot to a waiter (concurrency stays level) but the free slots that
@@ -278,6 +281,8 @@ struct ScopeState {
     outside_depth: u64,
     /// This lane's key in `ready`, if it is there.
     ready: Option<u64>,
+    /// This lane's key in `ready_newest`, if it is there.
+    newest: Option<u64>,
 }
 
 impl ScopeState {
@@ -347,6 +352,27 @@ pub struct GateState<W> {
     queue: WaitQueue<W>,
     /// Arrival number of each eligible lane's head -> that waiter's record.
     ready: BTreeMap<u64, u32>,
+    /// Arrival number of each eligible lane's newest waiter -> its record, kept only under
+    /// a discipline that serves newest first (`tracks_newest`): its last entry is the
+    /// newest waiter that may take a slot, found in O(log lanes) instead of by walking
+    /// back past every waiter of a tenant at its limit.
+    ready_newest: BTreeMap<u64, u32>,
+    /// Whether `ready_newest` is kept.
+    tracks_newest: bool,
+}
+
+/// Files a lane under `wanted` (arrival number, record) in `index`, where `filed` says it
+/// is now, if that changed.
+fn refile(index: &mut BTreeMap<u64, u32>, filed: &mut Option<u64>, wanted: Option<(u64, u32)>) {
+    if *filed != wanted.map(|(seq, _)| seq) {
+        if let Some(seq) = *filed {
+            index.remove(&seq);
+        }
+        if let Some((seq, record)) = wanted {
+            index.insert(seq, record);
+        }
+        *filed = wanted.map(|(seq, _)| seq);
+    }
 }
 
 /// The state of `scope`'s lane; `None` for a scope that is not tracked (a scope's state
@@ -391,6 +417,8 @@ impl<W> GateState<W> {
             unscoped: ScopeState::default(),
             queue: WaitQueue::default(),
             ready: BTreeMap::new(),
+            ready_newest: BTreeMap::new(),
+            tracks_newest: false,
         }
     }
 
@@ -476,27 +504,33 @@ impl<W> GateState<W> {
                 None => return,
             },
         };
-        let wanted = self
-            .queue
-            .lane_head(&state.lane)
-            .filter(|_| state.below_limit(&self.limits, scoped))
-            .and_then(|index| Some((self.queue.get(index)?.seq, index)));
-        let current = state.ready;
-        if current != wanted.map(|(seq, _)| seq) {
-            if let Some(seq) = current {
-                self.ready.remove(&seq);
-            }
-            if let Some((seq, index)) = wanted {
-                self.ready.insert(seq, index);
-            }
-            state.ready = wanted.map(|(seq, _)| seq);
+        let eligible = state.below_limit(&self.limits, scoped);
+        let filed = |index: Option<u32>| {
+            index
+                .filter(|_| eligible)
+                .and_then(|index| Some((self.queue.get(index)?.seq, index)))
+        };
+        let wanted = filed(self.queue.lane_head(&state.lane));
+        refile(&mut self.ready, &mut state.ready, wanted);
+        if self.tracks_newest {
+            let newest = filed(self.queue.lane_tail(&state.lane));
+            refile(&mut self.ready_newest, &mut state.newest, newest);
         }
         if let Some(name) = scope {
             if state.in_flight == 0 && state.lane.is_empty() {
-                debug_assert!(state.ready.is_none());
+                debug_assert!(state.ready.is_none() && state.newest.is_none());
                 self.scopes.remove(name);
             }
         }
+    }
+
+    /// Refiles every lane (what makes a lane eligible, or which indexes are kept, changed).
+    fn refresh_all_lanes(&mut self) {
+        let scopes: Vec<Arc<str>> = self.scopes.keys().cloned().collect();
+        for scope in scopes {
+            self.refresh_lane(Some(&scope));
+        }
+        self.refresh_lane(None);
     }
 
     /// Counts a slot taken by a turn of `scope` (whose state must exist).
@@ -1056,11 +1090,7 @@ impl<W> GateState<W> {
             }
         }
         // Per-scope limits may have changed which lanes are eligible.
-        let scopes: Vec<Arc<str>> = self.scopes.keys().cloned().collect();
-        for scope in scopes {
-            self.refresh_lane(Some(&scope));
-        }
-        self.refresh_lane(None);
+        self.refresh_all_lanes();
         self.dispatch(0, wakes);
         refused
     }
@@ -1231,6 +1261,7 @@ impl<W> GateState<W> {
         let mut scoped_in_flight = 0;
         let mut outside_total = 0;
         let mut expected_ready = BTreeMap::new();
+        let mut expected_newest = BTreeMap::new();
         let lanes = std::iter::once((None, &self.unscoped))
             .chain(self.scopes.iter().map(|(k, v)| (Some(k), v)));
         for (name, state) in lanes {
@@ -1267,6 +1298,16 @@ impl<W> GateState<W> {
                 "lane {name:?} misfiled"
             );
             expected_ready.extend(lane_ready);
+            let lane_newest = members
+                .last()
+                .filter(|_| self.tracks_newest && state.below_limit(&self.limits, name.is_some()))
+                .map(|&tail| (record(tail).seq, tail));
+            assert_eq!(
+                state.newest,
+                lane_newest.map(|(seq, _)| seq),
+                "lane {name:?} misfiled as newest"
+            );
+            expected_newest.extend(lane_newest);
         }
         assert_eq!(lanes_len, self.queue.len(), "lanes and queue disagree");
         assert_eq!(outside_total, self.outside_depth, "outside-depth count");
@@ -1279,6 +1320,24 @@ impl<W> GateState<W> {
             );
         }
         assert_eq!(self.ready, expected_ready, "ready index is stale");
+        assert_eq!(
+            self.ready_newest, expected_newest,
+            "newest-first index is stale"
+        );
+        if self.tracks_newest {
+            // The index gives what walking back from the newest waiter would find.
+            let eligible = |index: &u32| {
+                let scope = record(*index).scope.as_deref();
+                let state = match scope {
+                    None => Some(&self.unscoped),
+                    Some(name) => self.scopes.get(name),
+                };
+                state.is_some_and(|s| s.below_limit(&self.limits, scope.is_some()))
+            };
+            let walked = self.queue.iter_all().filter(eligible).last();
+            let indexed = self.ready_newest.last_key_value().map(|(_, &index)| index);
+            assert_eq!(indexed, walked, "newest eligible waiter");
+        }
         assert!(scoped_in_flight <= self.in_flight);
         assert!(
             self.unconfirmed <= self.in_flight,

@@ -133,8 +133,18 @@
 //! lease only while fewer than 10 are held fleet-wide, one configured with 20 while fewer than
 //! 20. During a deploy that lowers the cap from 20 to 10 the fleet therefore holds at most 20
 //! (the largest cap still running), and new replicas wait until the fleet drains below 10; once
-//! the old replicas are gone the cap is 10 everywhere. Nothing is stored in Redis, so there is no
+//! the old replicas are gone the cap is 10 everywhere. No cap is stored in Redis, so there is no
 //! "last writer wins" flapping and no stale cap after a rollback.
+//!
+//! # The learned limit
+//!
+//! Replicas whose gates learn an adaptive ceiling ([`FleetLearner`], admitgate's `adaptive=`
+//! with `fleet=`) share one learned limit, `{key}:learned`, which every script honours: the
+//! fleet holds at most `min(max_in_flight, learned limit)` leases, each replica's own cap still
+//! bounding it. A lower proposal is taken at once, a higher one is a compare-and-set on its
+//! generation at most once per round trip by the server's clock; see [`FleetLearner`]
+//! for the design. Without one (no adaptive replica, or after a restart until one proposes), the
+//! caps alone count, exactly as before; a turn costs no extra round trip either way.
 //!
 //! # Redis layout
 //!
@@ -146,7 +156,8 @@
 //! scope), `{key}:lane:<replica instance>|<scope>` (one replica's tickets of one scope, by
 //! arrival), `{key}:heads:<cap>` (the oldest ticket of each lane of the replicas with that cap),
 //! `{key}:classes` (those caps), `{key}:replicas` (replica instance → end of its presence),
-//! `{key}:borrowed`, and the pub/sub channel `{key}:grants`. Every key carries an expiry just
+//! `{key}:borrowed`, `{key}:learned` (the learned limit: limit, generation, time of the last
+//! change; an hour's expiry, renewed by every heartbeat) and the pub/sub channel `{key}:grants`. Every key carries an expiry just
 //! past its newest member, so an idle limit leaves nothing behind. The per-tenant, per-lane and
 //! per-cap keys are derived inside the scripts from the `{key}:` prefix; they share the hash
 //! tag, so they live in the same slot as the declared keys.
@@ -218,6 +229,7 @@ mod config;
 mod error;
 mod events;
 mod heartbeat;
+mod learned;
 mod lease;
 mod lending;
 mod limit;
@@ -230,7 +242,9 @@ mod tickets;
 pub use config::{ConfigError, FleetConfig, OnBackendError};
 pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};
+pub use learned::{FleetLearner, LimitSource};
 pub use lease::Lease;
 pub use lending::Reclaim;
 pub use limit::FleetLimit;
+pub use scripts::{Change, Learned, Proposal};
 pub use stats::FleetStats;

@@ -16,7 +16,7 @@ use crate::error::FleetError;
 use crate::events::{log_events, EventHandler, FleetEvent};
 use crate::lease::Lease;
 use crate::registry::{Grant, Registry, Removed};
-use crate::scripts::{Caps, ClaimRequest, Claimed, FleetStatus, Keys, Scripts};
+use crate::scripts::{Caps, ClaimRequest, Claimed, FleetStatus, Keys, Learned, Proposal, Scripts};
 use crate::stats::{Counters, FleetStats};
 use crate::{heartbeat, subscriber};
 
@@ -189,6 +189,53 @@ impl FleetLimit {
     /// Whether Redis answered the last call.
     pub fn backend_up(&self) -> bool {
         self.inner.backend.is_up()
+    }
+
+    /// The newest fleet-wide reading, without a round trip: leases held and tickets waiting
+    /// across the fleet, and the learned limit (see [`FleetLearner`](crate::FleetLearner)).
+    pub fn fleet_reading(&self) -> (u64, u64, Option<Learned>) {
+        match self.inner.counters.newest() {
+            Some(s) => (s.in_flight, s.waiting, s.learned),
+            None => (0, 0, None),
+        }
+    }
+
+    /// Applies `proposal` to the fleet's learned limit (one round trip; see `lua/learn.lua`)
+    /// and returns it as it is now. While Redis is down: [`FleetError::Unavailable`], nothing
+    /// sent (the learned limit waits for Redis like every other change).
+    pub async fn learn(&self, proposal: Proposal) -> Result<Option<Learned>, FleetError> {
+        let inner = &self.inner;
+        if inner.is_closed() {
+            return Err(FleetError::Closed);
+        }
+        if !inner.backend.is_up() {
+            return Err(FleetError::Unavailable);
+        }
+        let reply = inner
+            .backend
+            .call(|mut con| async move { inner.scripts.learn(&mut con, &proposal).await })
+            .await;
+        match reply {
+            Ok(status) => {
+                inner.observe(status);
+                Ok(status.learned)
+            }
+            Err(failure) => {
+                let message = failure.0.clone();
+                inner.backend_failed(failure);
+                Err(FleetError::Backend(message))
+            }
+        }
+    }
+
+    /// Tells this protocol object from another (a forked child's rebuilt one) while both live.
+    pub fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// The runtime the limit's calls run on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.handle
     }
 
     /// Gives back every lease and withdraws every ticket of this replica (bounded round trips),

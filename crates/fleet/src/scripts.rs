@@ -54,6 +54,58 @@ pub(crate) struct FleetStatus {
     pub(crate) waiting: u64,
     /// Server time (µs) of the reading: replies handled out of order keep the newest one.
     pub(crate) at_us: u64,
+    /// The fleet's learned limit, if an adaptive replica set one.
+    pub(crate) learned: Option<Learned>,
+}
+
+/// The fleet's learned limit as Redis holds it (`{key}:learned`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Learned {
+    /// The most leases the fleet grants now (at most each replica's `max_in_flight`).
+    pub limit: u64,
+    /// Moves by one at each change; a fresh value (the first, or after a Redis restart) starts
+    /// at the server's time in µs, so it is above every generation seen before.
+    pub generation: u64,
+}
+
+/// What a [`Proposal`] asks of the learned limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Set it if there is none yet (a replica's first value); otherwise leave it.
+    Seed,
+    /// Lower it (taken at once, whatever the generation: a throttle is a measurement).
+    Lower,
+    /// Raise it: taken only if `generation` is still current and a round trip passed since
+    /// the last change.
+    Raise,
+}
+
+impl Change {
+    fn as_str(self) -> &'static str {
+        match self {
+            Change::Seed => "seed",
+            Change::Lower => "lower",
+            Change::Raise => "raise",
+        }
+    }
+}
+
+/// A change of the learned limit a replica proposes ([`Scripts::learn`]). With none in Redis
+/// (the first proposal, or after a restart), any change seeds it with `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proposal {
+    /// What to do.
+    pub change: Change,
+    /// The limit proposed (the script bounds it to `[min_limit, max_limit]`).
+    pub limit: u64,
+    /// The generation the proposer last saw.
+    pub generation: u64,
+    /// The lowest limit.
+    pub min_limit: u64,
+    /// The fleet's cap.
+    pub max_limit: u64,
+    /// The least time between two changes, by the server's clock: the proposer's round trip.
+    pub spacing: std::time::Duration,
 }
 
 /// Outcome of the acquire script.
@@ -141,6 +193,7 @@ pub(crate) struct Scripts {
     reclaim: Script,
     heartbeat: Script,
     claim: Script,
+    learn: Script,
 }
 
 fn script(body: &str) -> Script {
@@ -148,17 +201,21 @@ fn script(body: &str) -> Script {
 }
 
 /// How many values every reply starts with (the status).
-const STATUS_LEN: usize = 4;
+const STATUS_LEN: usize = 6;
 
 fn status(reply: &[i64]) -> RedisResult<FleetStatus> {
     // A count below zero (never sent) reads as zero.
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     match reply {
-        [in_flight, borrowed, waiting, at_us, ..] => Ok(FleetStatus {
+        [in_flight, borrowed, waiting, at_us, limit, generation, ..] => Ok(FleetStatus {
             in_flight: count(*in_flight),
             borrowed: count(*borrowed),
             waiting: count(*waiting),
             at_us: count(*at_us),
+            learned: (*limit > 0).then(|| Learned {
+                limit: count(*limit),
+                generation: count(*generation),
+            }),
         }),
         _ => Err(malformed(reply)),
     }
@@ -183,6 +240,7 @@ impl Scripts {
             reclaim: script(include_str!("lua/reclaim.lua")),
             heartbeat: script(include_str!("lua/heartbeat.lua")),
             claim: script(include_str!("lua/claim.lua")),
+            learn: script(include_str!("lua/learn.lua")),
         }
     }
 
@@ -324,6 +382,25 @@ impl Scripts {
             ..
         } = self.caps;
         call.arg(cap).arg(slice).arg(ttl_ms).arg(claim_ms);
+    }
+
+    /// Applies `proposal` to the learned limit (see `lua/learn.lua`); the status says what it
+    /// is now.
+    pub(crate) async fn learn(
+        &self,
+        con: &mut ConnectionManager,
+        proposal: &Proposal,
+    ) -> RedisResult<FleetStatus> {
+        let spacing_us = u64::try_from(proposal.spacing.as_micros()).unwrap_or(u64::MAX);
+        let mut call = self.invocation(&self.learn);
+        call.arg(proposal.change.as_str())
+            .arg(proposal.limit)
+            .arg(proposal.generation)
+            .arg(proposal.min_limit)
+            .arg(proposal.max_limit)
+            .arg(spacing_us);
+        let reply: Vec<i64> = call.invoke_async(con).await?;
+        status(&reply)
     }
 
     /// Claims granted tickets, at most [`HEARTBEAT_CHUNK`] of them; one result per request.

@@ -41,6 +41,9 @@ pub struct FleetStats {
     pub held: u64,
     /// Turns of this replica waiting for a lease.
     pub waiting: u64,
+    /// The fleet's learned limit (`adaptive=` with a fleet), last known; 0: none, only the
+    /// caps count.
+    pub learned_limit: u64,
 }
 
 /// The atomics behind [`FleetStats`].
@@ -69,11 +72,17 @@ impl Counters {
         }
     }
 
+    /// The newest reading, if any.
+    pub(crate) fn newest(&self) -> Option<FleetStatus> {
+        *self.fleet.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn fill(&self, stats: &mut FleetStats) {
         if let Some(fleet) = *self.fleet.lock().unwrap_or_else(|e| e.into_inner()) {
             stats.fleet_in_flight = fleet.in_flight;
             stats.fleet_waiting = fleet.waiting;
             stats.borrowed = fleet.borrowed;
+            stats.learned_limit = fleet.learned.map_or(0, |l| l.limit);
         }
         stats.lease_lost = self.lease_lost.load(Relaxed);
         stats.lease_retaken = self.lease_retaken.load(Relaxed);
@@ -90,6 +99,7 @@ mod tests {
             borrowed: 0,
             waiting: 0,
             at_us,
+            learned: None,
         }
     }
 

@@ -167,6 +167,15 @@ impl PyFleetLimit {
         Ok(built.limit.clone())
     }
 
+    /// The protocol object of this process if it was built already, without building one: what
+    /// the fleet's learned limit ([`admitgate_fleet::FleetLearner`]) sends its proposals on. A
+    /// forked child gets `None` until its first fleet call rebuilt it, so it never sends on the
+    /// parent's runtime; called under the gate's lock, so it must not build anything.
+    pub fn current_limit(&self) -> Option<FleetLimit> {
+        let built = self.built.lock();
+        (built.epoch == runtime::epoch()).then(|| built.limit.clone())
+    }
+
     /// The hint given with a `fleet_unavailable` refusal: when the recovery probe looks next.
     fn retry_after(&self) -> Duration {
         self.config.probe_interval
@@ -368,7 +377,8 @@ impl PyFleetLimit {
     /// `fleet_borrowed` (leases borrowed over the cap, last known), `fleet_outages`, and
     /// `fleet_max_in_flight_per_scope`, `fleet_waiting` (turns waiting across the fleet, last
     /// known), `fleet_lease_retaken`, `fleet_replica_held` and `fleet_replica_waiting` (this
-    /// replica's leases and waiting turns).
+    /// replica's leases and waiting turns), `fleet_limit` (the fleet's learned limit, last
+    /// known, set by gates with `adaptive=`; 0: none, the cap alone counts).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         guard(|| {
             let s = self.fleet_stats(py)?;
@@ -379,6 +389,7 @@ impl PyFleetLimit {
             d.set_item("fleet_lease_retaken", s.lease_retaken)?;
             d.set_item("fleet_replica_held", s.held)?;
             d.set_item("fleet_replica_waiting", s.waiting)?;
+            d.set_item("fleet_limit", s.learned_limit)?;
             Ok(d)
         })
     }

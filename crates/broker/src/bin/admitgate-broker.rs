@@ -6,11 +6,11 @@ fn main() {
         // --help and --version exit 0; a bad flag or value exits 2 naming it.
         Err(error) => error.exit(),
     };
-    if let Err(message) = admitgate_broker::run(config) {
+    if let Err(error) = admitgate_broker::run(config) {
         admitgate_broker::logging::line(
             "error",
             "fatal",
-            &[("error", admitgate_broker::logging::text(&message))],
+            &[("error", admitgate_broker::logging::text(&error.to_string()))],
         );
         std::process::exit(1);
     }

@@ -94,6 +94,19 @@ impl<W> GateState<W> {
             self.limits.max_concurrent_runs,
         );
         self.overload = Some(Box::new(overload));
+        let tracks = discipline == Discipline::AdaptiveLifo;
+        if tracks != self.tracks_newest {
+            self.tracks_newest = tracks;
+            if !tracks {
+                self.ready_newest.clear();
+                for state in self.scopes.values_mut() {
+                    state.newest = None;
+                }
+                self.unscoped.newest = None;
+            }
+            // Files the lanes already waiting (none, when set before any turn arrives).
+            self.refresh_all_lanes();
+        }
     }
 
     /// Whether turns should report their start and end ([`GateState::turn_started`],
@@ -246,21 +259,12 @@ impl<W> GateState<W> {
         mode
     }
 
-    /// The newest waiter whose lane may take a slot (its tenant is below its limit).
+    /// The newest waiter whose lane may take a slot (its tenant is below its limit): the
+    /// newest of the eligible lanes' newest waiters, in O(log lanes) however many waiters of
+    /// tenants at their limit are newer.
     pub(super) fn newest_eligible(&self) -> Option<u32> {
-        let mut candidate = self.queue.newest();
-        while let Some(index) = candidate {
-            let record = self.queue.get(index)?;
-            let eligible = match record.scope.as_deref() {
-                None => self.unscoped.ready.is_some(),
-                Some(name) => self.scopes.get(name).is_some_and(|s| s.ready.is_some()),
-            };
-            if eligible && record.state == WaiterState::Waiting {
-                return Some(index);
-            }
-            candidate = self.queue.prev(index);
-        }
-        None
+        debug_assert!(self.tracks_newest, "newest first without its index");
+        self.ready_newest.last_key_value().map(|(_, &index)| index)
     }
 
     /// A waiting turn's deadline timer ([`GateState::deadline_timer`]) or queue timeout

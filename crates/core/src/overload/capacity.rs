@@ -137,6 +137,9 @@ pub struct CapacitySearch {
     probe_every: u64,
     /// The increase of the current probe (0: not probing).
     step: u64,
+    /// Windows left in which a refusal answers a probe made by another controller sharing the
+    /// ceiling ([`CapacitySearch::follow`]), so it spaces the next probe as its own would.
+    foreign_probe: u8,
 }
 
 impl CapacitySearch {
@@ -162,6 +165,7 @@ impl CapacitySearch {
             quiet_calls: 0,
             probe_every: PROBE_BASE_CALLS,
             step: 0,
+            foreign_probe: 0,
         }
     }
 
@@ -170,8 +174,46 @@ impl CapacitySearch {
         self.config
     }
 
+    /// The smoothed round trip of served calls, once one was served: the window length.
+    pub fn round_trip(&self) -> Option<Duration> {
+        self.rtt_s.and_then(|s| Duration::try_from_secs_f64(s).ok())
+    }
+
+    /// Takes the ceiling another controller sharing it set (a fleet's replicas share one,
+    /// kept in Redis). `lowered` says it came down there: a throttle or inflation elsewhere,
+    /// read as this controller reads its own (hold this window, probe from here, never slow
+    /// start again). Otherwise the shared value simply replaces this one (another replica's
+    /// growth, or this one's proposal that lost the race): the phase is kept, and a probe
+    /// under way ends, since a change elsewhere restarts the count of quiet calls.
+    /// A value that comes down within two windows of a raise followed here is a probe refused
+    /// elsewhere: it spaces the next probe as a refused probe of its own does, so a fleet's
+    /// probes back off together.
+    pub fn follow(&mut self, limit: u64, lowered: bool) {
+        if lowered {
+            self.back_off_probing();
+            self.phase = Phase::Probing;
+            self.window.throttled = true;
+        } else if limit > self.limit && self.phase == Phase::Probing {
+            self.foreign_probe = 2;
+        }
+        if limit != self.limit {
+            self.step = 0;
+            self.quiet_calls = 0;
+        }
+        self.set_limit(limit);
+    }
+
     fn set_limit(&mut self, limit: u64) {
         self.limit = clamp(limit, self.config.min_limit, self.config.max_limit);
+    }
+
+    /// A probe (this controller's, or one it followed) was refused: wait longer before the
+    /// next.
+    fn back_off_probing(&mut self) {
+        if self.step > 0 || self.foreign_probe > 0 {
+            self.probe_every = self.probe_every.saturating_mul(2).min(PROBE_MAX_CALLS);
+        }
+        self.foreign_probe = 0;
     }
 
     /// Closes the window if a round trip has passed since it opened.
@@ -191,6 +233,7 @@ impl CapacitySearch {
                 ..Window::default()
             },
         );
+        self.foreign_probe = self.foreign_probe.saturating_sub(1);
         let median = window.median();
         let baseline = self.baseline_s;
         if let Some(median) = median {
@@ -240,10 +283,7 @@ impl CapacitySearch {
     fn throttled(&mut self, sample: &Sample, retry_after: Option<Duration>) {
         let others = sample.in_flight.saturating_sub(1);
         self.set_limit(others.min(self.limit));
-        if self.step > 0 {
-            // A refused probe: wait longer before the next.
-            self.probe_every = self.probe_every.saturating_mul(2).min(PROBE_MAX_CALLS);
-        }
+        self.back_off_probing();
         self.step = 0;
         self.quiet_calls = 0;
         self.phase = Phase::Probing;
@@ -462,6 +502,59 @@ mod tests {
             "{} from {steady}",
             limit.limit()
         );
+    }
+
+    #[test]
+    fn following_a_shared_ceiling_lowered_elsewhere_ends_slow_start() {
+        let mut limit = CapacitySearch::new(CapacitySearchConfig::new(64));
+        limit.follow(3, true);
+        assert_eq!(limit.limit(), 3);
+        // No doubling in the window the shared value came down in, nor after: it probes.
+        let mut t = 10;
+        for _ in 0..4 {
+            busy_window(&mut limit, t);
+            t += 50;
+        }
+        assert!(limit.limit() <= 4, "slow start resumed: {}", limit.limit());
+        // Raised elsewhere (or a lost race): taken as it is, within the bounds.
+        limit.follow(100, false);
+        assert_eq!(limit.limit(), 64);
+        assert_eq!(limit.round_trip(), Some(ms(50)));
+    }
+
+    #[test]
+    fn a_probe_refused_elsewhere_spaces_the_next_probe_here_too() {
+        // Two controllers sharing one ceiling (a fleet's replicas): `a` probes, the provider
+        // refuses the probe on `b`'s call. Each then waits twice as long before probing.
+        let calls_to_probe = |limit: &mut CapacitySearch, t: &mut u64| {
+            let before = limit.limit();
+            let mut calls = 0;
+            while limit.limit() == before {
+                limit.on_start(ms(*t), before, 5);
+                limit.on_sample(sample(*t, *t + 50, before, OK));
+                calls += 1;
+                *t += 50;
+            }
+            calls
+        };
+        let mut a = CapacitySearch::new(CapacitySearchConfig {
+            min_limit: 1,
+            max_limit: 64,
+            initial_limit: 16,
+        });
+        let mut b = a.clone();
+        a.on_sample(sample(0, 1, 9, REFUSED));
+        b.follow(a.limit(), true);
+        let (mut ta, mut tb) = (10, 10);
+        let first = calls_to_probe(&mut a, &mut ta);
+        assert_eq!(a.limit(), 9);
+        b.follow(9, false);
+        b.on_sample(sample(tb, tb + 1, 9, REFUSED));
+        tb += 1;
+        assert_eq!(b.limit(), 8);
+        a.follow(8, true);
+        assert!(calls_to_probe(&mut a, &mut ta) > first);
+        assert!(calls_to_probe(&mut b, &mut tb) > first);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 -- past its claim window and the room went elsewhere) is queued again with its old arrival.
 -- ARGV: 5 cap, 6 slice, 7 ttl_ms, 8 claim_ms, then groups of 3 from ARGV[9]: id, scope,
 -- arrival_us (-1: not known yet).
--- Returns {total, borrowed, waiting, time_us, result per group}: 1 claimed, 2 still waiting
+-- Returns {status (6 values), result per group}: 1 claimed, 2 still waiting
 -- (the message was older than the ticket's current place in line), 3 the grant had expired:
 -- queued again, 4 the grant had expired, and it was granted again at once and claimed.
 local cap, slice, ttl, claim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
@@ -40,6 +40,6 @@ end
 
 local reply = status()
 for j = 1, #results do
-  reply[4 + j] = results[j]
+  reply[6 + j] = results[j]
 end
 return reply

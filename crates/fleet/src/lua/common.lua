@@ -23,6 +23,11 @@
 -- cap / slice tenants times the replicas); expired entries are pruned at most PRUNE_BATCH per
 -- kind and call.
 --
+-- The learned limit ("{key}:learned", a hash: limit, gen, at_us; see learned.rs): present only
+-- when a replica with adaptive= moved it. Every script honours it: the fleet holds at most
+-- min(caller's cap, learned limit) leases, and no grant is made at or above it. Absent, only
+-- the caps count, exactly as before.
+--
 -- Time is the server's (TIME), never a client's clock. A lease or ticket whose expiry equals
 -- the current millisecond is expired.
 local holders, tickets, ticket_expiry, ticket_info, borrowed_key, granted, replicas, classes =
@@ -37,6 +42,21 @@ local KEY_MARGIN_MS = 1000
 -- At most this many expired entries of each kind go per call; the rest go in the next calls,
 -- so a backlog of expired entries never makes one call expensive.
 local PRUNE_BATCH = 100
+local learned_key = prefix .. 'learned'
+-- The learned limit outlives the last heartbeat or change by this much (an hour: a fleet that
+-- restarts within it starts from what it learned).
+local LEARNED_TTL_MS = 3600000
+-- 0: no learned limit. learn.lua changes it within its call.
+local learned_limit = tonumber(redis.call('HGET', learned_key, 'limit') or '0') or 0
+
+-- The most leases a caller with `cap` may see held: its cap, or the learned limit below it.
+local function room_under(cap)
+  cap = tonumber(cap)
+  if learned_limit > 0 and learned_limit < cap then
+    return learned_limit
+  end
+  return cap
+end
 
 local function keep(key, ttl)
   if redis.call('PTTL', key) < ttl + KEY_MARGIN_MS then
@@ -264,7 +284,7 @@ local function grant_waiting()
   local total = redis.call('ZCARD', holders)
   local given = {}
   local blocked = {}
-  while true do
+  while learned_limit == 0 or total < learned_limit do
     local best_lane, best_arrival
     for _, cap in ipairs(redis.call('ZRANGEBYSCORE', classes, '(' .. total, '+inf')) do
       local lane, arrival = first_runnable(cap, best_arrival, blocked)
@@ -294,7 +314,10 @@ local function grant_waiting()
 end
 
 -- What every script returns first: the fleet's holders, borrowed leases and waiting tickets,
--- and the server time (us) they were read at, so a replica keeps only the newest figures.
+-- the server time (us) they were read at, so a replica keeps only the newest figures, and the
+-- learned limit with its generation (0, 0: none).
 local function status()
-  return {redis.call('ZCARD', holders), borrowed(), redis.call('ZCARD', tickets), now_us}
+  local gen = tonumber(redis.call('HGET', learned_key, 'gen') or '0') or 0
+  return {redis.call('ZCARD', holders), borrowed(), redis.call('ZCARD', tickets), now_us,
+          learned_limit, gen}
 end

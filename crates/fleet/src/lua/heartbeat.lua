@@ -1,7 +1,7 @@
 -- One replica's heartbeat: renews all of its leases and tickets in one call, and claims the
 -- grants it finds. ARGV: 5 cap, 6 slice, 7 ttl_ms, 8 claim_ms, then groups of 4 from ARGV[9]:
 -- kind ('L' lease, 'T' ticket), id, scope, arrival_us (tickets).
--- Returns {total, borrowed, waiting, time_us, result per group}:
+-- Returns {status (6 values), result per group}:
 --   lease:  0 renewed, 1 re-taken (it was gone: Redis restarted or it expired, and there was
 --           room), 2 lost (gone and no room)
 --   ticket: 0 renewed, 3 granted and claimed (it is a lease now), 4 queued again with its old
@@ -21,7 +21,7 @@ while i + 3 <= #ARGV do
     if redis.call('ZSCORE', holders, id) then
       claim_holder(id, scope, ttl)
       result = 0
-    elseif redis.call('ZCARD', holders) < cap and scope_has_room(scope, slice) then
+    elseif redis.call('ZCARD', holders) < room_under(cap) and scope_has_room(scope, slice) then
       -- Running turns come before waiting tickets: this turn is running already.
       add_holder(id, scope, ttl)
       result = 1
@@ -60,6 +60,10 @@ end
 if borrowed() > 0 then
   keep(borrowed_key, ttl)
 end
+if learned_limit > 0 then
+  -- Kept while any replica of the fleet lives; gone LEARNED_TTL_MS after the last one.
+  redis.call('PEXPIRE', learned_key, LEARNED_TTL_MS)
+end
 
 grant_waiting()
 -- Tickets granted just now (by the loop above) are claimed and reported as granted.
@@ -74,6 +78,6 @@ end
 
 local reply = status()
 for j = 1, #results do
-  reply[4 + j] = results[j]
+  reply[6 + j] = results[j]
 end
 return reply

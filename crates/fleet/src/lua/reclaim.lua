@@ -2,7 +2,7 @@
 -- otherwise borrow one (add it over the cap and count it in `borrowed`; the next departure of
 -- any holder repays it instead of freeing room). Never queues. ARGV: 5 id, 6 scope, 7 cap,
 -- 8 slice, 9 ttl_ms.
--- Returns {total, borrowed, waiting, time_us, code}: code 1 taken, 3 borrowed over the fleet
+-- Returns {status (6 values), code}: code 1 taken, 3 borrowed over the fleet
 -- cap, 4 over the tenant's slice only (repaid by that tenant's next release).
 local id, scope = ARGV[5], ARGV[6]
 local cap, slice, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -17,7 +17,7 @@ else
   local total = redis.call('ZCARD', holders)
   local scope_room = scope_has_room(scope, slice)
   add_holder(id, scope, ttl)
-  if total >= cap then
+  if total >= room_under(cap) then
     redis.call('INCR', borrowed_key)
     keep(borrowed_key, ttl)
     code = 3
@@ -27,5 +27,5 @@ else
 end
 
 local reply = status()
-reply[5] = code
+reply[7] = code
 return reply

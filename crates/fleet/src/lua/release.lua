@@ -1,7 +1,7 @@
 -- Give back a lease, or withdraw a ticket (a cancelled wait), whichever the id is; a ticket
 -- granted at the moment of its cancellation is a lease by now and is given back too. The room
 -- goes to the oldest ticket that can run. ARGV: 5 id, 6 scope.
--- Returns {total, borrowed, waiting, time_us, removed}: removed 1 when a lease or ticket went.
+-- Returns {status (6 values), removed}: removed 1 when a lease or ticket went.
 local id, scope = ARGV[5], ARGV[6]
 
 prune()
@@ -9,5 +9,5 @@ local removed = drop_ticket(id) + remove_holder(id, scope)
 grant_waiting()
 
 local reply = status()
-reply[5] = removed
+reply[7] = removed
 return reply

@@ -1,0 +1,42 @@
+-- Move the fleet's learned limit (the controller runs in each replica, in Rust: learned.rs; this
+-- script only applies a proposal, so that concurrent proposals from every replica compose).
+-- ARGV: 5 op ('seed', 'lower' or 'raise'), 6 the proposed limit, 7 the generation the proposer last
+-- saw, 8 min_limit, 9 max_limit (the proposer's max_in_flight), 10 spacing_us.
+-- Rules, and why they are all the Lua there is:
+--   none yet (first proposal, or Redis restarted): the proposal seeds it, its generation the
+--     server time in us, above every generation of before, so no replica mistakes it for old;
+--   'seed' with a value present: nothing (a replica that starts adopts what the fleet learned);
+--   'lower' below the current value: taken at once, whatever the generation (a throttle is a
+--     measurement: two of them compose as their minimum, in any order);
+--   'raise' above it: taken only if the proposer saw the current generation (nobody moved it
+--     since: a compare-and-set) and at least spacing_us passed since the last change by the
+--     server's clock, so the whole fleet grows at most one step per round trip, however many
+--     replicas propose it.
+-- A raise gives the new room to waiting tickets at once. Returns the status (6 values).
+local op, value, base_gen = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local min_limit, max_limit, spacing = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+
+value = math.max(min_limit, math.min(max_limit, value))
+local current = redis.call('HMGET', learned_key, 'limit', 'gen', 'at_us')
+local limit, gen, at = tonumber(current[1]), tonumber(current[2]), tonumber(current[3])
+local changed = true
+if limit == nil or gen == nil or at == nil then
+  gen = now_us
+elseif op == 'lower' and value < limit then
+  gen = gen + 1
+elseif op == 'raise' and value > limit and gen == base_gen and now_us - at >= spacing then
+  gen = gen + 1
+else
+  changed = false
+end
+if changed then
+  -- %.0f: Lua would write these 16-digit numbers with 14 significant digits.
+  redis.call('HSET', learned_key, 'limit', value, 'gen', string.format('%.0f', gen), 'at_us',
+    string.format('%.0f', now_us))
+  learned_limit = value
+end
+redis.call('PEXPIRE', learned_key, LEARNED_TTL_MS)
+
+prune()
+grant_waiting()
+return status()
