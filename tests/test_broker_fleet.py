@@ -299,3 +299,41 @@ def test_trailers_pass_and_a_broken_upstream_stream_ends_with_a_status(env: Any)
             child.stdout.close()
         if broker is not None:
             assert broker.stop() == 0
+
+
+def test_a_request_waiting_for_its_fleet_lease_counts_as_queued(
+    env: Any, redis_server: Any
+) -> None:
+    # Two brokers share a fleet cap of 1: a request on B holds B's free local slot while it
+    # waits for the lease A's request holds. Its caller waits, so it counts as queued (as the
+    # in-process gate counts it), then as admitted once the lease comes.
+    fleet_key = f"broker-test:{uuid.uuid4().hex[:8]}"
+    common = ("--upstream", env.server.url, "--max-in-flight", "1", "--queue-depth", "4")
+    fleet = ("--fleet", redis_server.url, "--fleet-key", fleet_key)
+    a = BrokerProcess(env.binary, *common, *fleet)
+    b = BrokerProcess(env.binary, *common, *fleet)
+    queued = 'broker_queued_requests{transport="rest"}'
+    admitted = 'broker_admitted_total{transport="rest"}'
+    first, second = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    try:
+        results: list[int] = []
+        holder = threading.Thread(target=post_hold, args=(a.url, first, results))
+        holder.start()
+        wait_until(lambda: env.latches[first].started.is_set())
+        waiter = threading.Thread(target=post_hold, args=(b.url, second, results))
+        waiter.start()
+        b.wait_for(queued, 1)
+        assert b.gauge(admitted) == 0
+        env.latches[first].release()
+        wait_until(lambda: env.latches[second].started.is_set())
+        assert b.gauge(queued) == 0
+        assert b.gauge(admitted) == 1
+        env.latches[second].release()
+        holder.join(10)
+        waiter.join(10)
+        assert results == [200, 200]
+    finally:
+        env.latches[first].release()
+        env.latches[second].release()
+        assert a.stop() == 0
+        assert b.stop() == 0

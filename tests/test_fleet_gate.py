@@ -134,6 +134,43 @@ def test_a_turn_cancelled_while_waiting_for_its_lease_counts_as_cancelled(
     assert r.zcard(f"{{{key}}}:tickets") == 0
 
 
+def test_an_admission_exited_while_it_waits_for_its_lease_still_hands_its_slot_on(
+    redis_server: RedisServer,
+) -> None:
+    # `__aexit__` reaching a turn that never ran (it still waits for its lease) must leave the
+    # turn to its wait: cancelling the wait then hands the local slot on, as for any turn.
+    key = new_key()
+    limit = FleetLimit(redis_server.url, key, 1)
+    gate = build_admission_gate(max_concurrent_runs=2, queue_depth=2, fleet=limit)
+    assert gate is not None
+    r = redis_server.client()
+
+    async def scenario() -> None:
+        turns = Turns(gate)
+        running = turns.start(1)
+        await eventually(lambda: turns.entered == 1, "the first runs")
+        admission = gate.admit()
+
+        async def enter() -> None:
+            await admission.__aenter__()
+
+        waiting = asyncio.ensure_future(enter())
+        await eventually(lambda: r.zcard(f"{{{key}}}:tickets") == 1, "a ticket")
+        assert gate.in_flight == 2, "it holds its local slot while it waits for the lease"
+        await admission.__aexit__(None, None, None)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await eventually(lambda: gate.in_flight == 1, "its local slot handed on")
+        await eventually(lambda: r.zcard(f"{{{key}}}:tickets") == 0, "its ticket withdrawn")
+        turns.leave.set()
+        await asyncio.gather(*running)
+
+    run(scenario(), timeout=20)
+    settled(gate, 2)
+    assert (gate.admitted, gate.cancelled) == (1, 1)
+
+
 def test_a_fleet_refusal_counts_as_rejected_and_a_local_admission_as_admitted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

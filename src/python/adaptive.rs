@@ -10,9 +10,8 @@ use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 
-use super::admission::Admission;
 use super::args;
-use super::awaitables::thrown;
+use super::awaitable::thrown;
 use super::fleet::PyFleetLimit;
 use super::runtime::now;
 use admitgate_core::overload::sim::{
@@ -252,12 +251,13 @@ pub fn deadline(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> 
 /// throttle (`turn.report_throttled()`).
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct Entered {
-    admission: Py<Admission>,
+    /// The turn's `Admission`.
+    admission: Py<PyAny>,
 }
 
 impl Entered {
-    /// The awaitable of `admission`, which runs now.
-    pub fn new(admission: Py<Admission>) -> Self {
+    /// The awaitable of `admission` (an `Admission`), which runs now.
+    pub fn new(admission: Py<PyAny>) -> Self {
         Self { admission }
     }
 }

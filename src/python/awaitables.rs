@@ -1,120 +1,36 @@
-//! The awaitables `async with gate.admit()` returns from `__aenter__` and `__aexit__`.
+//! The awaitable `__aenter__` returns for a queued turn.
 //!
-//! The fast path (a free slot) returns the shared, already-finished [`Ready`], so no
-//! event-loop callback is scheduled and no thread is crossed. A turn that must wait gets a
-//! [`Wait`]: it yields an asyncio future created on the caller's own loop until the gate
-//! settles the turn (see [`super::wake`]). Both follow the generator protocol exactly
-//! (`send`, `throw`, `close`), and every transition of a [`Wait`] is idempotent: whatever is
-//! called, in whatever order, the turn's slot is returned exactly once.
+//! The fast path (a free slot) returns the shared, already-finished
+//! [`Ready`](super::awaitable::Ready), so no event-loop callback is scheduled and no thread
+//! is crossed. A turn that must wait gets a [`Wait`]: it yields an asyncio future created on
+//! the caller's own loop until the gate settles the turn (see [`super::wake`]). It follows
+//! the generator protocol exactly (`send`, `throw`, `close`); the turn's transitions are its
+//! [`Admission`]'s, each made once, so whatever is called, in whatever order, the turn's slot
+//! is returned exactly once.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use admitgate_passage::turn::Claimed;
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::admission::Admission;
+use super::awaitable::thrown;
 use super::errors::guard;
-use super::pressure_watch;
+use super::pressure_check;
 use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
-use admitgate_core::transport::TransportId;
-use admitgate_core::{Claim, Registered, Rejection, WaiterKey};
-
-/// An awaitable that is already finished: what `__aenter__`/`__aexit__` return on the fast
-/// path. Stateless, so one instance serves every caller.
-#[pyclass(frozen, module = "admitgate._admitgate")]
-pub struct Ready;
-
-static READY: PyOnceLock<Py<Ready>> = PyOnceLock::new();
-
-/// The shared [`Ready`] instance.
-pub fn ready(py: Python<'_>) -> PyResult<Py<PyAny>> {
-    Ok(READY
-        .get_or_try_init(py, || Py::new(py, Ready))?
-        .clone_ref(py)
-        .into_any())
-}
-
-#[pymethods]
-impl Ready {
-    fn __await__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __next__(&self) -> Option<Py<PyAny>> {
-        None
-    }
-
-    #[pyo3(signature = (_value))]
-    fn send(&self, _value: &Bound<'_, PyAny>) -> Option<Py<PyAny>> {
-        None
-    }
-
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        &self,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        Err(thrown(typ, val, tb))
-    }
-
-    fn close(&self) {}
-}
-
-/// The exception `throw(typ, val, tb)` raises, normalised as a generator's `throw` does: a
-/// class is instantiated (with no argument, `val`, or `*val` for a tuple) unless `val` is
-/// already an instance of it; an instance is raised as is; `tb` becomes its traceback.
-pub fn thrown(
-    typ: &Bound<'_, PyAny>,
-    val: Option<&Bound<'_, PyAny>>,
-    tb: Option<&Bound<'_, PyAny>>,
-) -> PyErr {
-    let build = || -> PyResult<Bound<'_, PyAny>> {
-        let val = val.filter(|v| !v.is_none());
-        let exc = if let Ok(cls) = typ.cast::<PyType>() {
-            match val {
-                None => cls.call0()?,
-                Some(v) if v.is_instance(cls)? => v.clone(),
-                Some(v) => match v.cast::<PyTuple>() {
-                    Ok(args) => cls.call1(args)?,
-                    Err(_) => cls.call1((v,))?,
-                },
-            }
-        } else if val.is_some() {
-            return Err(PyTypeError::new_err(
-                "instance exception may not have a separate value",
-            ));
-        } else {
-            typ.clone()
-        };
-        match tb.filter(|t| !t.is_none()) {
-            Some(tb) => exc.call_method1(pyo3::intern!(typ.py(), "with_traceback"), (tb,)),
-            None => Ok(exc),
-        }
-    };
-    match build() {
-        // Not an exception: PyO3 raises the TypeError Python would.
-        Ok(exc) => PyErr::from_value(exc),
-        Err(err) => err,
-    }
-}
+use admitgate_core::{Registered, Rejection, WaiterKey};
 
 struct WaitState {
     fut: Option<Py<PyAny>>,
     /// The `call_later` handle of the queue timeout, cancelled when the wait ends.
     timer: Option<Py<PyAny>>,
     done: bool,
-    /// Whether the turn had to wait to be woken (not granted a slot on arrival).
-    parked: bool,
 }
 
 /// A queued turn's awaitable: yields a future on the caller's loop until a slot is granted
@@ -124,16 +40,11 @@ pub struct Wait {
     admission: Py<Admission>,
     core: Arc<Core>,
     key: WaiterKey,
-    transport: TransportId,
     /// When the queue timeout (or the caller's deadline) refuses the turn, on [`now`]'s
     /// clock, and with which reason.
     deadline: Option<(Duration, Rejection)>,
-    /// A fleet lease follows the slot (`LeaseWait` drives this wait): the turn stays queued
-    /// for its transport until the lease settles it.
+    /// A fleet lease follows the slot (`LeaseWait` drives this wait and starts the turn).
     lease_follows: bool,
-    /// The gate's epoch when the turn queued (see [`Core::epoch`]): a wait of the parent of
-    /// a fork that ends in the child leaves the child's counters alone.
-    epoch: u64,
     state: Mutex<WaitState>,
 }
 
@@ -141,8 +52,7 @@ pub struct Wait {
 /// turn's loop). A turn granted a slot first is left alone: exactly one of the two wins.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct QueueTimer {
-    core: Arc<Core>,
-    key: WaiterKey,
+    admission: Py<Admission>,
     reason: Rejection,
 }
 
@@ -150,10 +60,13 @@ pub struct QueueTimer {
 impl QueueTimer {
     fn __call__(&self) -> PyResult<()> {
         guard(|| {
-            let (_, wakes) = self.core.expire_for(self.key, self.reason);
-            wakes.run();
+            self.admission.get().expire(self.reason);
             Ok(())
         })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.admission)
     }
 }
 
@@ -164,31 +77,26 @@ impl Wait {
         admission: Py<Admission>,
         core: Arc<Core>,
         key: WaiterKey,
-        transport: TransportId,
         deadline: Option<(Duration, Rejection)>,
         lease_follows: bool,
     ) -> Self {
         Self {
             admission,
-            epoch: core.epoch(),
             core,
             key,
-            transport,
             deadline,
             lease_follows,
             state: Mutex::new(WaitState {
                 fut: None,
                 timer: None,
                 done: false,
-                parked: false,
             }),
         }
     }
 
-    /// Marks the wait over, exactly once: `false` if it already was. The transport stops
-    /// counting the turn as queued (and counts it running if `admitted`); a pending queue
+    /// Marks the wait over, exactly once: `false` if it already was. A pending queue
     /// timeout is cancelled.
-    fn finish(&self, py: Python<'_>, admitted: bool) -> bool {
+    fn finish(&self, py: Python<'_>) -> bool {
         let timer = {
             let mut state = self.state.lock();
             if state.done {
@@ -199,9 +107,6 @@ impl Wait {
         };
         if let Some(timer) = timer {
             let _ = timer.bind(py).call_method0(pyo3::intern!(py, "cancel"));
-        }
-        if !(admitted && self.lease_follows) && self.epoch == self.core.epoch() {
-            self.core.transports.dequeued(self.transport, admitted);
         }
         true
     }
@@ -218,39 +123,33 @@ impl Wait {
             }
             state.fut.as_ref().map(|f| f.clone_ref(py))
         };
+        let admission = self.admission.bind(py);
         if let Some(fut) = yielded {
-            let (claim, wakes) = self.core.claim(self.key, now);
-            wakes.run();
-            if claim != Claim::Waiting {
+            let claimed = admission.get().claim();
+            if claimed != Claimed::Waiting {
                 self.core.delivered(self.key);
             }
-            match claim {
-                Claim::Admitted(scope) => {
-                    self.finish(py, true);
-                    let parked = self.state.lock().parked;
-                    let admission = self.admission.bind(py);
-                    admission.get().waited.store(parked, Ordering::Relaxed);
-                    Admission::enter(admission, scope)?;
+            match claimed {
+                Claimed::Granted => {
+                    self.finish(py);
+                    Admission::enter(admission)?;
                     if self.core.times_turns() && !self.lease_follows {
                         // An adaptive gate's turn is handed to `as turn`.
                         return Err(PyStopIteration::new_err((admission.clone().unbind(),)));
                     }
                     return Ok(None);
                 }
-                Claim::Refused(reason, retry_after) => {
-                    self.finish(py, false);
-                    self.core.transports.rejected(self.transport, reason);
-                    self.admission.get().abandon();
-                    return Err(rejection(py, reason, retry_after));
+                Claimed::Refused(refused) => {
+                    self.finish(py);
+                    return Err(rejection(py, refused.reason, refused.retry_after));
                 }
-                Claim::Unknown => {
-                    self.finish(py, false);
-                    self.admission.get().abandon();
+                Claimed::Withdrawn => {
+                    self.finish(py);
                     return Err(PyRuntimeError::new_err(
                         "this turn's wait was withdrawn because its event loop closed",
                     ));
                 }
-                Claim::Waiting => {
+                Claimed::Waiting => {
                     let fut = fut.bind(py);
                     if !fut.call_method0(pyo3::intern!(py, "done"))?.is_truthy()? {
                         fut.setattr(pyo3::intern!(py, "_asyncio_future_blocking"), true)?;
@@ -260,7 +159,7 @@ impl Wait {
             }
         }
         let Some(event_loop) = running_loop(py)? else {
-            self.withdraw_and_abandon(py);
+            self.withdraw(py);
             return Err(PyRuntimeError::new_err(
                 "gate.admit() must be awaited inside a running event loop",
             ));
@@ -272,8 +171,7 @@ impl Wait {
                 let expire = Py::new(
                     py,
                     QueueTimer {
-                        core: self.core.clone(),
-                        key: self.key,
+                        admission: self.admission.clone_ref(py),
                         reason,
                     },
                 )?;
@@ -293,15 +191,10 @@ impl Wait {
             key: self.key,
             core: self.core.clone(),
         });
-        let (registered, _) = self.core.register(self.key, waker);
-        if registered == Registered::Waiting {
-            {
-                let mut state = self.state.lock();
-                state.parked = true;
-                state.timer = timer;
-            }
+        if admission.get().register(waker) == Registered::Waiting {
+            self.state.lock().timer = timer;
             // Held back by memory pressure with slots free: re-sampled until it eases.
-            pressure_watch::ensure(py, self.admission.get().gate().bind(py));
+            pressure_check::ensure(py, admission.get().gate().bind(py));
         } else {
             if let Some(timer) = timer {
                 timer.bind(py).call_method0(pyo3::intern!(py, "cancel"))?;
@@ -316,25 +209,13 @@ impl Wait {
         Ok(Some(fut.unbind()))
     }
 
-    /// Leaves the queue (or hands on a slot granted in the meantime). Idempotent: `false`
-    /// when the wait was already over (admitted, shed or withdrawn).
-    fn withdraw(&self, py: Python<'_>) -> bool {
-        if !self.finish(py, false) {
-            return false;
-        }
-        let (_, wakes) = self.core.cancel(self.key);
-        wakes.run();
-        self.core.delivered(self.key);
-        self.core.after_release(py);
-        true
-    }
-
-    /// Withdraws, and if this call is what ended the wait, the admission is over too. A
-    /// wait that already admitted its turn leaves the admission alone: the turn holds a slot
-    /// that only `__aexit__` (or the admission's drop) returns.
-    pub fn withdraw_and_abandon(&self, py: Python<'_>) {
-        if self.withdraw(py) {
-            self.admission.get().abandon();
+    /// Leaves the queue (or hands on a slot granted in the meantime). Idempotent: a wait
+    /// already over (admitted, shed or withdrawn) leaves the turn alone, and a turn that
+    /// holds a slot is returned only by `__aexit__` (or the admission's drop).
+    pub fn withdraw(&self, py: Python<'_>) {
+        if self.finish(py) {
+            self.admission.get().withdraw(py);
+            self.core.delivered(self.key);
         }
     }
 }
@@ -362,14 +243,14 @@ impl Wait {
         tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         guard(|| {
-            self.withdraw_and_abandon(typ.py());
+            self.withdraw(typ.py());
             Err(thrown(typ, val, tb))
         })
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         guard(|| {
-            self.withdraw_and_abandon(py);
+            self.withdraw(py);
             Ok(())
         })
     }

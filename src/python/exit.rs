@@ -14,7 +14,7 @@
 //!
 //! # How
 //!
-//! Every entry into admitgate's Rust code (the [`guard`](super::errors::guard) around each
+//! Every entry into admitgate's Rust code (the `errors::guard` around each
 //! method, and every wake-up) holds an [`Inside`] for its duration: a per-thread depth, so
 //! entering costs a thread-local increment and no shared cache line. An `atexit` hook
 //! ([`_quiesce_at_exit`], registered when the package is imported, so it runs after the hooks

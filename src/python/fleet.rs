@@ -6,8 +6,9 @@
 //! * [`limit`]: `FleetLimit`, its validated settings and its awaitables.
 //! * [`lease`]: `FleetLease`, given back when released or dropped.
 //! * [`events`]: the protocol's events, logged on the `admitgate` logger.
-//! * [`turn`]: a gate turn's lease (`AdmissionGate(..., fleet=...)`): the wait after the local
-//!   slot, lending during a human wait, the release with the slot.
+//! * [`turn`]: what a gate turn's wait for its lease (`AdmissionGate(..., fleet=...)`) needs
+//!   from the runtime: the lease as an asyncio future or a blocking wait, what ends the wait
+//!   from outside, and the runtime a running turn's lease lends itself on.
 //!
 //! # No panics
 //!
@@ -27,8 +28,10 @@ use pyo3::prelude::*;
 
 pub use lease::PyFleetLease;
 pub use limit::{set_gate_fleet_keys, PyFleetLimit};
-pub use runtime::epoch as fleet_epoch;
-pub use turn::{acquire_blocking, lease_scope, Blocked, LeaseWait, LeaseWaits, TurnLease};
+pub use turn::{
+    acquire_blocking, lease_future, lease_scope, Blocked, FleetRuntime, Interrupt, LeaseTimer,
+    LeaseWaits,
+};
 
 /// In a freshly forked child: the parent's fleet runtime, limits and leases are forgotten (the
 /// child never gives back the parent's leases); each limit is rebuilt on first use. Called by

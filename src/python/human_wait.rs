@@ -3,9 +3,9 @@
 //! praisonai-bot binds praisonaiagents' `HUMAN_WAIT_SCOPE` context variable to a factory for
 //! each admitted turn, and praisonaiagents' approval registry enters what the factory makes
 //! around every wait for a person. admitgate binds its own [`HumanWaitFactory`] the same way
-//! ([`super::admission::Admission`] does it when a turn enters). Inside a [`HumanWait`] the
-//! turn's slot is lent to the queue; on exit it is taken back, borrowed if none is free (the
-//! next release repays it), never waiting.
+//! (the admission does it when a turn starts). Inside a [`HumanWait`] the turn's slot is lent
+//! to the queue; on exit it is taken back, borrowed if none is free (the next release repays
+//! it), never waiting. The lending is passage's ([`Held`]); this is its Python face.
 //!
 //! A slot is lent only where someone can use it: from an async wait, or from a sync wait on
 //! a thread that runs no event loop (a worker thread). A sync wait on a thread that is
@@ -14,7 +14,7 @@
 //!
 //! With a fleet-wide limit the turn's lease follows its slot: lent to the fleet where the slot
 //! is lent, reclaimed (or borrowed over the fleet cap) where the slot is taken back, without
-//! ever waiting on Redis ([`TurnLease`]).
+//! ever waiting on Redis (passage's `TurnLease`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,12 +23,11 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
-use super::awaitables::ready;
+use super::awaitable::ready;
 use super::errors::guard;
-use super::fleet::TurnLease;
 use super::runtime::running_loop;
 use super::wake::Core;
-use admitgate_core::TurnSlot;
+use admitgate_passage::Held;
 
 static HUMAN_WAIT_SCOPE: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
 
@@ -73,25 +72,19 @@ pub fn call_method_one<'py>(
 /// [`HumanWait`] for the turn that is running.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct HumanWaitFactory {
-    slot: Arc<TurnSlot>,
+    held: Arc<Held>,
     core: Arc<Core>,
+    /// The gate's epoch when the turn started (see [`Core::epoch`]).
     epoch: u64,
-    lease: Option<Arc<TurnLease>>,
 }
 
 impl HumanWaitFactory {
-    /// The factory for one admitted turn's slot (and fleet lease, with a fleet limit).
-    pub fn new(
-        slot: Arc<TurnSlot>,
-        core: Arc<Core>,
-        epoch: u64,
-        lease: Option<Arc<TurnLease>>,
-    ) -> Self {
+    /// The factory for one running turn's slot (and fleet lease, with a fleet limit).
+    pub fn new(held: Arc<Held>, core: Arc<Core>) -> Self {
         Self {
-            slot,
+            epoch: core.epoch(),
+            held,
             core,
-            epoch,
-            lease,
         }
     }
 }
@@ -105,10 +98,9 @@ impl HumanWaitFactory {
         _kwargs: Option<&Bound<'_, PyDict>>,
     ) -> HumanWait {
         HumanWait {
-            slot: self.slot.clone(),
+            held: self.held.clone(),
             core: self.core.clone(),
             epoch: self.epoch,
-            lease: self.lease.clone(),
             lent: AtomicBool::new(false),
         }
     }
@@ -119,11 +111,10 @@ impl HumanWaitFactory {
 /// ever blocking. After the turn has ended it does nothing.
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct HumanWait {
-    slot: Arc<TurnSlot>,
+    /// The turn's slot and fleet lease, lent and taken back together.
+    held: Arc<Held>,
     core: Arc<Core>,
     epoch: u64,
-    /// The turn's fleet lease, lent and taken back with the slot.
-    lease: Option<Arc<TurnLease>>,
     /// Whether this wait lent the slot (and so must take it back).
     lent: AtomicBool,
 }
@@ -136,19 +127,13 @@ impl HumanWait {
 
     fn suspend(&self) {
         if self.current() && !self.lent.swap(true, Ordering::AcqRel) {
-            self.slot.suspend(&self.core).run();
-            if let Some(lease) = &self.lease {
-                lease.suspend();
-            }
+            self.held.lend(&self.core).run();
         }
     }
 
     fn resume(&self) {
         if self.lent.swap(false, Ordering::AcqRel) && self.current() {
-            self.slot.resume(&self.core);
-            if let Some(lease) = &self.lease {
-                lease.resume();
-            }
+            self.held.take_back(&self.core);
         }
     }
 }

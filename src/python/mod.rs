@@ -14,17 +14,22 @@
 mod adaptive;
 mod admission;
 mod args;
+mod awaitable;
 mod awaitables;
 mod blocking;
 mod broker;
 mod classify;
+mod enter;
 mod errors;
 mod exit;
 mod fleet;
 mod fork;
 mod gate;
+mod gate_methods;
 mod human_wait;
+mod lease_wait;
 mod policy;
+mod pressure_check;
 mod pressure_watch;
 mod rejection;
 mod resources;
@@ -41,7 +46,9 @@ mod _admitgate {
     #[pymodule_export]
     use super::admission::Admission;
     #[pymodule_export]
-    use super::awaitables::{QueueTimer, Ready, Wait};
+    use super::awaitable::Ready;
+    #[pymodule_export]
+    use super::awaitables::{QueueTimer, Wait};
     #[pymodule_export]
     use super::broker::{_broker_main, _panic_in_next_broker, serve_broker};
     #[pymodule_export]
@@ -52,14 +59,18 @@ mod _admitgate {
     use super::exit::_quiesce_at_exit;
     #[pymodule_export]
     use super::fleet::{
-        _fleet_runtime_running, _reset_fleet_after_fork, LeaseWait, PyFleetLease, PyFleetLimit,
+        _fleet_runtime_running, _reset_fleet_after_fork, PyFleetLease, PyFleetLimit,
     };
     #[pymodule_export]
     use super::fork::{_invalidate_samplers, _reset_after_fork};
     #[pymodule_export]
-    use super::gate::{_panic_inside_gate, PyAdmissionGate};
+    use super::gate::PyAdmissionGate;
+    #[pymodule_export]
+    use super::gate_methods::_panic_inside_gate;
     #[pymodule_export]
     use super::human_wait::{HumanWait, HumanWaitFactory};
+    #[pymodule_export]
+    use super::lease_wait::LeaseWait;
     #[pymodule_export]
     use super::policy::{PyConcurrencyLimitPolicy, PyMemoryPressurePolicy};
     #[pymodule_export]

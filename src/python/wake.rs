@@ -21,6 +21,7 @@ use super::pressure_watch::PressureWatch;
 use super::runtime::{log, now};
 use admitgate_core::transport::Transports;
 use admitgate_core::{ConcurrencyLimit, Gate, WaiterKey, Waker, Wakes};
+use admitgate_passage::turn::Lane;
 
 /// The core plus what the binding must remember about waiters it has woken.
 pub struct Core {
@@ -68,6 +69,24 @@ impl std::ops::Deref for Core {
 
     fn deref(&self) -> &Gate<PyWaker> {
         &self.gate
+    }
+}
+
+/// What a turn of this gate passes (passage's `Turn` drives it): the gate, its transports,
+/// and the fork epoch.
+impl Lane for Core {
+    type Waker = PyWaker;
+
+    fn gate(&self) -> &Gate<PyWaker> {
+        &self.gate
+    }
+
+    fn transports(&self) -> &Transports {
+        &self.transports
+    }
+
+    fn epoch(&self) -> u64 {
+        Core::epoch(self)
     }
 }
 

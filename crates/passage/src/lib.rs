@@ -1,52 +1,65 @@
-//! A turn's passage through admitgate, for any async Rust front end: the local slot from the
-//! core [`Gate`](core_api::Gate), then (with a fleet limit) the fleet lease, then the
-//! [`Permit`] that holds both until it is dropped.
+//! A turn's passage through admitgate: the local slot from the core [`Gate`](core_api::Gate),
+//! then (with a fleet limit) the fleet lease, then the run that holds both, for every front
+//! end: the broker's tokio [`Passage`] here, and the Python binding's asyncio awaitables and
+//! blocking `admit_sync` (the root crate).
 //!
 //! # Why this shape
 //!
 //! The core gate is a state machine that never blocks and never reads a clock: it hands a
 //! waiter's [`Waker`](core_api::Waker) back to the caller, who runs it after the lock is
-//! released. The Python binding wakes asyncio futures; a Rust front end wants a future it can
-//! `.await` and drop. So this crate is a tokio front end *beside* the core, not a second
-//! state machine: the waker is a `tokio::sync::oneshot` sender ([`OneshotWaker`]), and every
-//! decision (admit, queue, shed, time out, close, hand a slot on) stays in the core.
+//! released. What a whole turn adds to it (the order of slot, lease and run; which counter
+//! moves when; what is returned, exactly once, however the turn ends) is the same for every
+//! front end, while *how a turn waits* is not: a tokio future is dropped to cancel it, an
+//! asyncio awaitable is thrown into or closed, a blocked thread is interrupted by a signal.
 //!
-//! What this layer adds is the order and the bookkeeping of a whole turn, written once:
+//! So this crate is two layers:
+//!
+//! * [`turn::Turn`], a second state machine above the core's, as runtime-free as it is:
+//!   generic over the core's waker (a oneshot here, an asyncio future or a thread signal in
+//!   the binding) through [`turn::Lane`], with the clock, a foreign policy's
+//!   [`Decision`](core_api::Decision), the memory pressure, the lease and the provider's
+//!   report passed in as data, and the gate's wakes handed back to run once the driver has
+//!   released its own locks (the binding never holds one while Python runs). It owns
+//!   arrival → local slot (queued, granted, refused, withdrawn) → fleet lease (the core's
+//!   deferred admission confirmed, or revoked with the reason the caller saw) → running
+//!   ([`turn::Held`]: the slot and the [`TurnLease`], both lent during a human wait and taken
+//!   back) → end, and [`turn::Turn::abandon`], the one close path for a turn dropped at any
+//!   phase. The fork epoch is checked there too, so a turn of a forked parent never touches
+//!   the child's gate.
+//! * [`Passage`], a thin tokio driver of it: the waker is a `tokio::sync::oneshot` sender
+//!   ([`OneshotWaker`]); the queue wait and the lease wait are `select!`s against the deadline
+//!   and [`Passage::close`]; dropping the future drops the turn, which abandons it.
+//!
+//! The alternative, a tokio front end beside the binding's own turn code, is what this crate
+//! replaced: two copies of the counting rules drift (the broker counted a turn waiting for
+//! its lease as nothing; the binding as queued, which is what the caller experiences).
+//!
+//! # A turn of the tokio front end
 //!
 //! 1. **Local slot**: [`Passage::admit`] arrives at the gate; a queued turn waits on its
 //!    oneshot until it is granted, refused (shed, closing) or its wait ends
 //!    ([`Gate::expire_for`](core_api::Gate::expire_for) races the grant under the gate's
 //!    lock, so a turn is granted or timed out, never both). The wait ends at the queue
 //!    timeout or, with the caller's deadline ([`Passage::admit_by`]), once less of the
-//!    deadline is left than a turn takes (refused with `deadline`), whichever is first: the
-//!    core decides that (and refuses at once a turn that would queue past its deadline), as
-//!    it does for the binding's `deadline_s`.
-//! 2. **Fleet lease**: with a [`FleetLimit`], the gate defers admission; a turn holding its
-//!    local slot waits for its lease (same end, same reasons; a [`Passage::close`] ends the
-//!    wait with `closing`), then [`confirm`](core_api::Gate::confirm)s, or
-//!    [`revoke`](core_api::Gate::revoke)s with the reason the caller saw
-//!    (`fleet_unavailable`, `timeout`, `deadline`, `closing`) or as cancelled when the future
-//!    was dropped.
-//!    Without a queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`)
-//!    and a full fleet refuses at once with `queue_full`, as a full local gate does.
-//! 3. **Counters settled as the caller experienced them**: the per-transport counters
-//!    ([`Transports`](core_api::Transports)) move when the outcome reaches the caller: queued
-//!    when it starts waiting, admitted when its permit exists, rejected with the reason it is
-//!    answered with, finished when the permit drops.
+//!    deadline is left than a turn takes (refused with `deadline`), whichever is first
+//!    ([`Turn::wait_deadline`], the binding's `deadline_s` rule); the core refuses at once a
+//!    turn that would queue past its deadline.
+//! 2. **Fleet lease**: with a [`FleetLimit`], a turn holding its local slot waits for its
+//!    lease (same end, same reasons; a [`Passage::close`] ends the wait with `closing`),
+//!    refused with `fleet_unavailable`, `timeout`, `deadline` or `closing`. Without a
+//!    queue (depth 0, overflow `reject`) the fleet is asked once (`try_acquire`) and a full
+//!    fleet refuses at once with `queue_full`, as a full local gate does.
+//! 3. **Counters settled as the caller experienced them** (by the [`Turn`]): queued while it
+//!    waits (for its slot or its lease), admitted when it may run, rejected with the reason it
+//!    is answered with, finished when the permit drops.
 //! 4. **Timing**: the first turn that brings a deadline starts timing turns (as the
 //!    binding's first `deadline_s` does), so the gate learns the service time it checks
-//!    deadlines against; a timed permit reports its turn's end when it drops.
+//!    deadlines against; a timed permit reports its turn's end (as served) when it drops.
 //!
-//! Cancellation is dropping the future: a queued turn withdraws ([`Gate::cancel`]
-//! (core_api::Gate::cancel), which hands on a slot granted in the same instant), a turn
-//! waiting for its lease revokes its slot and drops the lease future (which withdraws the
-//! fleet ticket). The [`Permit`] is RAII: dropping it releases the slot and gives the lease
-//! back, exactly once, whatever ends the request (its body ended, its client left, a panic
-//! unwound through it).
-//!
-//! Human waits (lending the slot and the lease while a person decides) are the binding's
-//! today ([`Permit::suspend`] / [`Permit::resume`] lend and take back the local slot; the
-//! fleet lease's lending stays in `src/python/fleet/turn.rs` until the binding is ported).
+//! The [`Permit`] is RAII: dropping it ends the turn, releasing the slot and giving the lease
+//! back exactly once, whatever ends the request (its body ended, its client left, a panic
+//! unwound through it). [`Permit::suspend`] / [`Permit::resume`] lend and take back both the
+//! local slot and the fleet lease while a person decides.
 
 #![cfg_attr(
     not(test),
@@ -63,18 +76,22 @@
 )]
 
 pub mod core_api;
+pub mod lease;
+pub mod turn;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admitgate_fleet::{FleetLimit, Lease};
+use admitgate_fleet::FleetLimit;
 use tokio::sync::{oneshot, watch};
 
 use core_api::{
-    Arrival, Cancelled, Claim, ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow,
-    Registered, Rejection, Stats, TransportId, Transports, TurnEnd, TurnSlot, WaiterKey, Waker,
-    Wakes,
+    ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered, Rejection, Stats,
+    TransportId, Transports, Waker, Wakes,
 };
+pub use lease::{LeaseRuntime, TokioRuntime, TurnLease};
+use turn::{Arrived, Claimed, Lane, Report};
+pub use turn::{Held, Turn};
 
 /// Wakes a queued turn's future: the gate's hand-off, as a oneshot message.
 pub struct OneshotWaker(oneshot::Sender<()>);
@@ -119,6 +136,18 @@ pub struct PassageConfig {
     pub fleet: Option<FleetLimit>,
     /// Memory pressure, if memory-aware admission is on.
     pub resource: Option<ResourceCheck>,
+}
+
+impl Lane for Passage {
+    type Waker = OneshotWaker;
+
+    fn gate(&self) -> &Gate<OneshotWaker> {
+        &self.gate
+    }
+
+    fn transports(&self) -> &Transports {
+        &self.transports
+    }
 }
 
 /// One gate with its transports, fleet limit and clock: what every turn passes.
@@ -235,47 +264,116 @@ impl Passage {
         transport: TransportId,
         deadline: Option<Instant>,
     ) -> Result<Permit, Refused> {
+        // On the passage's clock, as the core takes time.
         let timeout_at = self
             .queue_timeout
-            .and_then(|timeout| tokio::time::Instant::now().checked_add(timeout));
+            .and_then(|timeout| self.now().checked_add(timeout));
         let deadline = deadline.map(|at| at.saturating_duration_since(self.epoch));
         if deadline.is_some() && !self.gate.times_turns() {
             // Learn the service time deadlines are checked against (what the binding does).
             self.gate.enable_overload(None, Discipline::Fifo);
         }
         let tenant = (!scope.is_empty()).then_some(scope);
-        let (arrival, wakes) = self
-            .gate
-            .arrive_by(tenant, None, self.resource(), deadline, || self.now());
-        run(wakes);
-        let granted = match arrival {
-            Arrival::Admitted(scope) => scope,
-            Arrival::Rejected(reason, retry_after) => {
-                return Err(self.refused(transport, reason, retry_after));
-            }
-            Arrival::Queued(key) => {
-                let ends = self.wait_ends(timeout_at, deadline);
-                self.wait_local(key, transport, ends).await?
-            }
-        };
-        let Some(fleet) = &self.fleet else {
-            self.transports.admitted(transport);
-            return Ok(self.permit(granted, None, transport));
-        };
-        // Held until the lease comes; dropped (the future cancelled), it revokes the slot.
-        let mut revoke = Revoke {
+        // Dropped before it became a permit (the future was cancelled), it abandons the turn.
+        let mut turn = Abandon {
             passage: self,
-            scope: granted.clone(),
-            armed: true,
+            turn: Turn::new(transport, self.fleet.is_some()),
         };
+        let _ = turn.turn.begin(&**self);
+        let (arrived, wakes) =
+            turn.turn
+                .arrive(&**self, tenant, None, self.resource(), deadline, || {
+                    self.now()
+                });
+        run(wakes);
+        match arrived {
+            Arrived::Granted => {}
+            Arrived::Refused(refused) => return Err(refused),
+            Arrived::Queued(_) => {
+                let ends = self.wait_ends(&turn.turn, timeout_at, deadline);
+                self.wait_local(&mut turn.turn, ends).await?;
+            }
+        }
+        if let Some(fleet) = &self.fleet {
+            let ends = self.wait_ends(&turn.turn, timeout_at, deadline);
+            self.wait_lease(&mut turn.turn, fleet, scope, ends).await?;
+        }
+        let (_, wakes) = turn.turn.start(&**self, false, || self.now());
+        run(wakes);
+        let turn = std::mem::replace(&mut turn.turn, Turn::new(transport, false));
+        Ok(Permit {
+            passage: self.clone(),
+            turn,
+        })
+    }
+
+    /// When a wait begun now ends, and the reason it is refused for then (see
+    /// [`Turn::wait_deadline`]), on tokio's clock.
+    fn wait_ends(
+        &self,
+        turn: &Turn,
+        timeout_at: Option<Duration>,
+        deadline: Option<Duration>,
+    ) -> Option<(tokio::time::Instant, Rejection)> {
+        let (at, reason) = turn.wait_deadline(self, timeout_at, deadline)?;
+        let at = tokio::time::Instant::from_std(self.epoch).checked_add(at)?;
+        Some((at, reason))
+    }
+
+    /// Waits for a queued turn's outcome: granted its slot, or refused.
+    async fn wait_local(
+        &self,
+        turn: &mut Turn,
+        ends: Option<(tokio::time::Instant, Rejection)>,
+    ) -> Result<(), Refused> {
+        let (tx, mut rx) = oneshot::channel();
+        if turn.register(self, OneshotWaker(tx)) == Registered::Waiting {
+            let expired = tokio::select! {
+                _ = &mut rx => None,
+                reason = sleep_until(ends) => Some(reason),
+            };
+            if let Some(reason) = expired {
+                // Exactly one of grant and expiry wins, under the gate's lock.
+                run(turn.expire(self, reason));
+            }
+        }
+        let (claimed, wakes) = turn.claim(self, || self.now());
+        run(wakes);
+        match claimed {
+            Claimed::Granted => Ok(()),
+            Claimed::Refused(refused) => Err(refused),
+            // Neither can happen after a wake or an expiry; answered as a timeout, never a hang.
+            Claimed::Waiting | Claimed::Withdrawn => {
+                if let Some(wakes) = turn.withdraw(self) {
+                    run(wakes);
+                }
+                self.transports
+                    .rejected(turn.transport(), Rejection::Timeout);
+                Err(Refused {
+                    reason: Rejection::Timeout,
+                    retry_after: None,
+                })
+            }
+        }
+    }
+
+    /// Waits for the fleet lease of a turn holding its local slot (same deadline; a
+    /// [`Passage::close`] ends the wait with `closing`). Without a queue (depth 0, overflow
+    /// `reject`) the fleet is asked once, never waited on, so a full fleet refuses at once as
+    /// a full local gate does.
+    async fn wait_lease(
+        &self,
+        turn: &mut Turn,
+        fleet: &FleetLimit,
+        scope: &str,
+        ends: Option<(tokio::time::Instant, Rejection)>,
+    ) -> Result<(), Refused> {
         let lease_scope = if fleet.config().max_in_flight_per_scope > 0 {
             scope
         } else {
             ""
         };
         let mut closing = self.closing.subscribe();
-        // No queue (depth 0, refuse on overflow): the fleet is asked once, never waited on,
-        // so a full fleet refuses at once as a full local gate does.
         let limits = self.gate.limits();
         let no_queue = limits.queue_depth == 0 && limits.overflow == Overflow::Reject;
         let acquire = async {
@@ -292,131 +390,36 @@ impl Passage {
                     .map_err(|_| Rejection::FleetUnavailable)
             }
         };
-        let ends = self.wait_ends(timeout_at, deadline);
         let outcome = tokio::select! {
             lease = acquire => lease,
             reason = sleep_until(ends) => Err(reason),
             _ = closing.wait_for(|closed| *closed) => Err(Rejection::Closing),
         };
-        revoke.armed = false;
         match outcome {
             Ok(lease) => {
-                self.gate.confirm();
-                self.transports.admitted(transport);
-                Ok(self.permit(granted, Some(lease), transport))
+                let runtime = Arc::new(TokioRuntime(tokio::runtime::Handle::current()));
+                let lease = TurnLease::new(fleet.clone(), lease, runtime);
+                turn.lease_granted(self, lease).map_err(|_| Refused {
+                    reason: Rejection::Closing,
+                    retry_after: None,
+                })
             }
             Err(reason) => {
-                let (hint, wakes) = self
-                    .gate
-                    .revoke(granted.as_deref(), Some(reason), || self.now());
-                run(wakes);
+                let hint = match turn.lease_ended(self, Some(reason), || self.now()) {
+                    Some((hint, wakes)) => {
+                        run(wakes);
+                        hint
+                    }
+                    None => None,
+                };
                 let hint = match reason {
                     Rejection::FleetUnavailable => Some(fleet.config().probe_interval),
                     _ => hint,
                 };
-                Err(self.refused(transport, reason, hint))
-            }
-        }
-    }
-
-    fn refused(
-        &self,
-        transport: TransportId,
-        reason: Rejection,
-        retry_after: Option<Duration>,
-    ) -> Refused {
-        self.transports.rejected(transport, reason);
-        Refused {
-            reason,
-            retry_after,
-        }
-    }
-
-    fn permit(
-        self: &Arc<Self>,
-        scope: Option<Arc<str>>,
-        lease: Option<Lease>,
-        transport: TransportId,
-    ) -> Permit {
-        let started = self.gate.times_turns().then(|| {
-            let at = self.now();
-            let (in_flight, wakes) = self.gate.turn_started(at);
-            run(wakes);
-            (at, in_flight)
-        });
-        Permit {
-            passage: self.clone(),
-            slot: TurnSlot::new(scope),
-            lease,
-            transport,
-            started,
-        }
-    }
-
-    /// When a wait begun now ends, and the reason it is refused for then: the queue
-    /// timeout (`timeout_at`), or, sooner, the moment less of the caller's `deadline` (on
-    /// the passage's clock) is left than a turn takes (`deadline`).
-    fn wait_ends(
-        &self,
-        timeout_at: Option<tokio::time::Instant>,
-        deadline: Option<Duration>,
-    ) -> Option<(tokio::time::Instant, Rejection)> {
-        let epoch = tokio::time::Instant::from_std(self.epoch);
-        let too_late = deadline.and_then(|d| epoch.checked_add(self.gate.deadline_timer(d)));
-        match (timeout_at, too_late) {
-            (Some(timeout), Some(late)) if late < timeout => Some((late, Rejection::Deadline)),
-            (None, Some(late)) => Some((late, Rejection::Deadline)),
-            (timeout, _) => timeout.map(|at| (at, Rejection::Timeout)),
-        }
-    }
-
-    /// Waits for a queued turn's outcome; the scope it was granted in, or its refusal.
-    async fn wait_local(
-        &self,
-        key: WaiterKey,
-        transport: TransportId,
-        ends: Option<(tokio::time::Instant, Rejection)>,
-    ) -> Result<Option<Arc<str>>, Refused> {
-        self.transports.queued(transport);
-        let mut queued = Queued {
-            passage: self,
-            key,
-            transport,
-            armed: true,
-        };
-        let (tx, mut rx) = oneshot::channel();
-        let (registered, returned) = self.gate.register(key, OneshotWaker(tx));
-        drop(returned);
-        if registered == Registered::Waiting {
-            let expired = tokio::select! {
-                _ = &mut rx => None,
-                reason = sleep_until(ends) => Some(reason),
-            };
-            if let Some(reason) = expired {
-                // Exactly one of grant and expiry wins, under the gate's lock.
-                let (_, wakes) = self.gate.expire_for(key, reason);
-                run(wakes);
-            }
-        }
-        let (claim, wakes) = self.gate.claim(key, || self.now());
-        run(wakes);
-        queued.armed = false;
-        match claim {
-            Claim::Admitted(scope) => {
-                // `dequeued(.., false)`: the admitted count moves with the permit.
-                self.transports.dequeued(transport, false);
-                Ok(scope)
-            }
-            Claim::Refused(reason, retry_after) => {
-                self.transports.dequeued(transport, false);
-                Err(self.refused(transport, reason, retry_after))
-            }
-            // Neither can happen after a wake or an expiry; answered as a timeout, never a hang.
-            Claim::Waiting | Claim::Unknown => {
-                let (_, wakes) = self.gate.cancel(key);
-                run(wakes);
-                self.transports.dequeued(transport, false);
-                Err(self.refused(transport, Rejection::Timeout, None))
+                Err(Refused {
+                    reason,
+                    retry_after: hint,
+                })
             }
         }
     }
@@ -446,40 +449,18 @@ async fn sleep_until(ends: Option<(tokio::time::Instant, Rejection)>) -> Rejecti
     }
 }
 
-/// A queued turn whose future may be dropped: withdraws it.
-struct Queued<'a> {
-    passage: &'a Passage,
-    key: WaiterKey,
-    transport: TransportId,
-    armed: bool,
+/// A turn whose future may be dropped before it became a permit: abandons it (a queued turn
+/// withdraws, a turn waiting for its lease hands its slot on and counts as cancelled; the
+/// lease future dropped with it withdraws its fleet ticket).
+struct Abandon<'a> {
+    passage: &'a Arc<Passage>,
+    turn: Turn,
 }
 
-impl Drop for Queued<'_> {
+impl Drop for Abandon<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let (outcome, wakes) = self.passage.gate.cancel(self.key);
-            run(wakes);
-            debug_assert_ne!(outcome, Cancelled::Unknown);
-            self.passage.transports.dequeued(self.transport, false);
-        }
-    }
-}
-
-/// A turn holding its local slot while it waits for its lease: dropped armed (the future was
-/// cancelled), it hands the slot on and counts as cancelled.
-struct Revoke<'a> {
-    passage: &'a Passage,
-    scope: Option<Arc<str>>,
-    armed: bool,
-}
-
-impl Drop for Revoke<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let passage = self.passage;
-            let (_, wakes) = passage
-                .gate
-                .revoke(self.scope.as_deref(), None, || passage.now());
+        let passage = &**self.passage;
+        if let Some(wakes) = self.turn.abandon(passage, || passage.now()) {
             run(wakes);
         }
     }
@@ -489,56 +470,45 @@ impl Drop for Revoke<'_> {
 #[must_use = "the turn is admitted only while its permit is held"]
 pub struct Permit {
     passage: Arc<Passage>,
-    slot: TurnSlot,
-    lease: Option<Lease>,
-    transport: TransportId,
-    /// When a timed turn started, and the turns running then ([`Gate::turn_started`]
-    /// (core_api::Gate::turn_started)); `None` while the gate times no turns.
-    started: Option<(Duration, u64)>,
+    turn: Turn,
 }
 
 impl Permit {
     /// The transport it was admitted through.
     pub fn transport(&self) -> TransportId {
-        self.transport
+        self.turn.transport()
     }
 
-    /// The turn parks on a person: its local slot is lent to the queue.
+    /// The turn parks on a person: its local slot is lent to the queue, its fleet lease to
+    /// the fleet.
     pub fn suspend(&self) {
-        run(self.slot.suspend(&self.passage.gate));
+        run(self.turn.lend(&*self.passage));
     }
 
-    /// The turn resumes: it takes its slot back (borrowing one if none is free).
+    /// The turn resumes: it takes its slot and lease back (borrowing if there is no room).
     pub fn resume(&self) {
-        self.slot.resume(&self.passage.gate);
+        self.turn.take_back(&*self.passage);
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let passage = &self.passage;
+        let passage = &*self.passage;
         // Memory pressure is read on release only when someone waits for the slot.
-        let resource = passage.gate.has_waiters().then(|| passage.resource());
-        let wakes = match self.started {
-            // A permit does not know how its turn went (a proxy relays the answer without
-            // reading it): every timed turn counts as served, for the service time that
-            // deadlines are checked against.
-            Some((started_at, in_flight)) => {
-                let end = TurnEnd {
-                    started_at,
-                    ended_at: passage.now(),
-                    in_flight,
-                    outcome: Outcome::Success,
-                    remaining: None,
-                };
-                self.slot.finish(&passage.gate, resource, end)
-            }
-            None => self.slot.close(&passage.gate, resource),
+        let resource = || passage.gate.has_waiters().then(|| passage.resource());
+        // A permit does not know how its turn went (a proxy relays the answer without
+        // reading it): every timed turn counts as served, for the service time that
+        // deadlines are checked against.
+        let report = || {
+            Some(Report {
+                outcome: Outcome::Success,
+                remaining: None,
+                ended_at: passage.now(),
+            })
         };
-        run(wakes);
-        passage.transports.finished(self.transport);
-        // A lease dropped is given back on the fleet's runtime.
-        drop(self.lease.take());
+        if let Some(wakes) = self.turn.end(passage, resource, report) {
+            run(wakes);
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use super::runtime;
-use crate::python::awaitables::ready;
+use crate::python::awaitable::ready;
 use crate::python::errors::guard;
 use crate::python::rejection::rejection;
 use admitgate_core::Rejection;
