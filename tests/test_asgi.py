@@ -296,8 +296,9 @@ def test_jsonrpc_sends_are_capped_and_refused(env: Any, front: Any) -> None:
             ]
             await wait_until(lambda: sum(s.done() for s in sends) == 4)
             assert in_flight(gate, "jsonrpc") == 2
+            # Admitted is not yet running: wait for the two turns to reach the agent.
+            await wait_until(lambda: sum(env.latches[k].started.is_set() for k in keys) == 2)
             running = [k for k in keys if env.latches[k].started.is_set()]
-            await started(env, *running)
             assert len(running) == 2
             refused = [s for s in sends if s.done()]
             assert len(refused) == 4
