@@ -54,6 +54,10 @@ ONE_SHOT: dict[str, list[str]] = {
         r'^broker_rejected_total\{gate="a2a",reason="queue_full",transport="direct"\} 2\.0$',
         r'^broker_limit\{gate="a2a"\} 4\.0$',
     ],
+    "broker.py": [
+        r"^200 from the agent\n200 from the agent\n(429 queue_full, retry after \d+ s\n){3}"
+        r"agent card: any-language agent\nbroker drained and stopped$",
+    ],
     "fleet.py": [
         r"^20 turns on two replicas, at most [123] at once \(fleet cap 3\)$",
         r"'fleet_backend_up': 1",

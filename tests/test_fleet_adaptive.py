@@ -205,6 +205,50 @@ def test_a_429_on_one_replica_lowers_the_limit_the_others_see(redis_server: Redi
     run(main(), timeout=15)
 
 
+def test_as_turn_reports_a_throttle_with_a_fleet_too(redis_server: RedisServer) -> None:
+    # `async with gate.admit() as turn` hands the turn over whether it ran at once or waited for
+    # its local slot, then its lease (it was None with fleet=, so report_throttled was out of
+    # reach there).
+    key, r = new_key(), redis_server.client()
+    gate = build_admission_gate(
+        max_concurrent_runs=2,
+        queue_depth=8,
+        fleet=FleetLimit(redis_server.url, key, 16, replica_id="solo", lease_ttl_s=3.0),
+        adaptive=AdaptiveLimit(initial_limit=8),
+    )
+    assert gate is not None
+
+    async def main() -> None:
+        release = asyncio.Event()
+        turns: list[Any] = []
+
+        async def hold() -> None:
+            async with gate.admit() as turn:
+                turns.append(turn)
+                await release.wait()
+
+        held = [asyncio.ensure_future(hold()) for _ in range(2)]
+        await eventually(lambda: len(turns) == 2, "two running")
+        queued = asyncio.ensure_future(hold())  # waits for a local slot, then its lease
+        await eventually(lambda: gate.stats()["queued"] == 1, "one queued")
+        release.set()
+        await asyncio.gather(*held, queued)
+        assert len(turns) == 3 and all(turn is not None for turn in turns), turns
+        async with gate.admit() as turn:
+            assert turn is not None
+            turn.report_throttled(retry_after_s=1.0)
+        await eventually(
+            lambda: (
+                r.hget(learned_key(key), "limit") is not None
+                and int(r.hget(learned_key(key), "limit")) < 8
+            ),
+            f"lowered in Redis: {r.hgetall(learned_key(key))} {gate.stats()}",
+        )
+        await gate.fleet.shutdown()
+
+    run(main(), timeout=15)
+
+
 def test_the_learned_limit_stays_within_min_limit_and_max_in_flight(
     redis_server: RedisServer,
 ) -> None:

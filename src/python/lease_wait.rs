@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use admitgate_passage::TurnLease;
 use parking_lot::Mutex;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -147,6 +147,11 @@ impl LeaseWait {
                 let limit = self.fleet.get().limit()?;
                 let held = TurnLease::new(limit, lease, Arc::new(FleetRuntime));
                 Admission::lease_granted(admission, held)?;
+                if admission.get().gate().get().core.times_turns() {
+                    // An adaptive gate's turn is handed to `as turn`, to report throttles, as
+                    // it is without a fleet.
+                    return Err(PyStopIteration::new_err((admission.clone().unbind(),)));
+                }
                 Ok(None)
             }
             None => {
