@@ -16,35 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _provider import Provider, RateLimited
 from admitgate import AdaptiveLimit, AdmissionRejected, FleetLimit, build_admission_gate
 from conftest import in_forked_child, run
 from fleet_support import RedisServer, eventually, redis_server_binary
-
-
-class RateLimited(Exception):
-    """What an LLM SDK raises for a 429."""
-
-
-class Provider:
-    """``capacity`` concurrent calls across every replica; one more is refused at once."""
-
-    def __init__(self, capacity: int, service_s: float = 0.02) -> None:
-        self.capacity = capacity
-        self.service_s = service_s
-        self.active = 0
-        self.calls = 0
-        self.refused = 0
-
-    async def call(self) -> None:
-        self.calls += 1
-        if self.active >= self.capacity:
-            self.refused += 1
-            raise RateLimited
-        self.active += 1
-        try:
-            await asyncio.sleep(self.service_s)
-        finally:
-            self.active -= 1
 
 
 def new_key() -> str:
@@ -129,7 +104,7 @@ def restartable() -> Iterator[RedisServer]:
 
 def test_three_replicas_find_the_providers_capacity_together(redis_server: RedisServer) -> None:
     key, r = new_key(), redis_server.client()
-    provider = Provider(capacity=12)
+    provider = Provider(capacity=12, service_s=0.02)
     gates = replicas(redis_server.url, key, 3, 64)
 
     async def main() -> None:
@@ -253,7 +228,7 @@ def test_the_learned_limit_stays_within_min_limit_and_max_in_flight(
     redis_server: RedisServer,
 ) -> None:
     r = redis_server.client()
-    roomy, stingy = Provider(capacity=100), Provider(capacity=0)
+    roomy, stingy = Provider(capacity=100, service_s=0.02), Provider(capacity=0, service_s=0.02)
     capped_key, floored_key = new_key(), new_key()
     capped = replicas(redis_server.url, capped_key, 2, 6)
     floored = replicas(redis_server.url, floored_key, 2, 64, min_limit=2)
@@ -281,7 +256,7 @@ def test_redis_restarted_mid_run_never_lets_the_fleet_over_its_cap(
     restartable: RedisServer,
 ) -> None:
     key, r = new_key(), restartable.client()
-    provider = Provider(capacity=6)
+    provider = Provider(capacity=6, service_s=0.02)
     gates = replicas(restartable.url, key, 2, 8, on_backend_error="reject")
 
     async def main() -> None:

@@ -8,34 +8,8 @@ import threading
 
 import admitgate
 import pytest
+from _provider import Provider, RateLimited
 from admitgate import AdaptiveLimit, AdmissionRejected, build_admission_gate
-
-
-class RateLimited(Exception):
-    """What an LLM SDK raises for a 429 (openai.RateLimitError in real code)."""
-
-
-class Provider:
-    """A provider of ``capacity`` concurrent calls; one more is refused at once."""
-
-    def __init__(self, capacity: int, service_s: float = 0.01) -> None:
-        self.capacity = capacity
-        self.service_s = service_s
-        self.active = 0
-        self.calls = 0
-        self.refused = 0
-
-    async def call(self) -> None:
-        self.calls += 1
-        if self.active >= self.capacity:
-            self.refused += 1
-            raise RateLimited
-        self.active += 1
-        try:
-            await asyncio.sleep(self.service_s)
-        finally:
-            self.active -= 1
-
 
 # -- validation -----------------------------------------------------------------------------
 
