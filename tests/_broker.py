@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,21 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def key() -> str:
+    """A fresh key for one test's latch or tenant."""
+    return uuid.uuid4().hex[:12]
+
+
+def wait_until(condition: Any, timeout: float = 5.0) -> None:
+    """Polls ``condition`` every 5 ms; an ``AssertionError`` if it is not true within
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
 
 
 def build_broker() -> Path:

@@ -33,7 +33,7 @@ from _a2a_app import (
     jsonrpc,
     send_params,
 )
-from _broker import BrokerProcess, build_broker
+from _broker import BrokerProcess, build_broker, key, wait_until
 from _grpc_a2a import A2AServer, LoopThread, user_message
 from a2a.types import a2a_pb2_grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -102,18 +102,6 @@ def env(binary: Any) -> Iterator[types.SimpleNamespace]:
     loop.run(grpc_server.stop())
     loop.close()
     server.stop()
-
-
-def key() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-def wait_until(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
 
 
 def hold(env: Any, k: str, *, rest: bool = False) -> threading.Thread:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import _broker
 import grpc
 import httpx
 import pytest
@@ -29,7 +30,7 @@ from _a2a_app import (
     jsonrpc,
     send_params,
 )
-from _broker import BrokerProcess, build_broker
+from _broker import BrokerProcess, build_broker, key
 from _grpc_a2a import A2AServer, LoopThread, user_message
 from a2a.types import a2a_pb2_grpc
 from admitgate import build_admission_gate
@@ -98,16 +99,8 @@ async def _release_all(server: A2AServer) -> None:
     server.executor.release_all()
 
 
-def key() -> str:
-    return uuid.uuid4().hex[:12]
-
-
 def wait_until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
+    _broker.wait_until(condition, timeout)  # this file's waits allow 10 s
 
 
 def hold(env: Any, url: str, k: str) -> threading.Thread:

@@ -31,7 +31,7 @@ from _a2a_app import (
     build_sdk_app,
     send_params,
 )
-from _broker import BrokerProcess, build_broker
+from _broker import BrokerProcess, build_broker, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +45,6 @@ def env() -> Iterator[types.SimpleNamespace]:
     )
     latches.release_all()
     server.stop()
-
-
-def wait_until(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
 
 
 def post_hold(url: str, k: str, results: list[int], headers: dict[str, str] | None = None) -> None:

@@ -94,14 +94,6 @@ def env() -> Iterator[types.SimpleNamespace]:
     server.stop()
 
 
-def wait_until(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
-
-
 # grpc-core resets a stream that does not say `te: trailers`; the broker passes it on.
 PLAIN = {"content-type": "application/json", "te": "trailers"}
 

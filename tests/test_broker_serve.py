@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _broker
 import admitgate
 import admitgate.broker
 import httpx
@@ -63,11 +64,7 @@ def ended(broker: BrokerProcess) -> list[dict[str, str]]:
 
 
 def wait_until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
+    _broker.wait_until(condition, timeout)  # this file's waits allow 10 s
 
 
 class Call(threading.Thread):
