@@ -60,17 +60,19 @@
 //!
 //! **Memory.** Keys are spread over 16 locked shards (module `table`), stored densely
 //! with no per-key allocation except a sliding log's buffer while it holds entries. Per key: 8
-//! bytes of hash, 24 bytes per limit inline, about 9 bytes of index (4-byte slot plus control
-//! byte at hashbrown's load factor): **about 41 bytes for a one-limit GCRA key, 65 for two**.
-//! A sliding log adds its buffer while it holds entries: 48 bytes plus 16 per distinct
-//! admission time in the window (at most `N` for a request limit). That is inherent to
-//! exactness: the next-allowed time depends on each of the last `N` admission times. Idle keys
-//! (all limits as if new) are reclaimed as new keys arrive, so a shard holds at most twice its
-//! live keys; and at most `max_keys` are held at all. At the cap, a new key evicts the sampled
-//! key that would be idle soonest; if that key's window still held admissions, its limit is
-//! forgotten early (counted in [`BudgetStats::evicted`]): the one way a local budget can let
-//! more through, and it takes more distinct identities within one window than `max_keys`.
-//! Random keys at any rate therefore hold memory at most `max_keys` keys' worth.
+//! bytes of hash, 40 bytes of state per limit inline, about 9 bytes of index (a 4-byte slot
+//! and a control byte at hashbrown's load factor): **about 57 bytes for a one-limit key**
+//! (69 measured at 100,000 keys, with the vectors' growth slack), 40 more per extra limit.
+//! A sliding log adds its buffer while it holds entries: 16 bytes per distinct admission time
+//! in the window (at most `N` for a request limit; a buffer of 4 entries at first). That is
+//! inherent to exactness: the next-allowed time depends on each of the last `N` admission
+//! times. Idle keys (all limits as if new) are reclaimed as new keys arrive, so a shard holds
+//! at most twice its live keys; and at most `max_keys` are held at all. At the cap, a new key
+//! evicts the sampled key that would be idle soonest; if that key's window still held
+//! admissions, its limit is forgotten early (counted in [`BudgetStats::evicted`]): the one way
+//! a local budget can let more through, and it takes more distinct identities within one
+//! window than `max_keys`. Random keys at any rate therefore hold memory at most `max_keys`
+//! keys' worth.
 //!
 //! **Cost.** A decision is one shard lock, one hash lookup and O(1) amortised work per limit
 //! (pruning is amortised over the admissions that added the entries; a refusal walks the log

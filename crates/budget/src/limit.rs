@@ -94,19 +94,18 @@ impl Limit {
     /// A key's fresh state under this limit.
     pub(crate) fn fresh(&self) -> LimitState {
         match self.algorithm {
-            Algorithm::SlidingWindow => LimitState::Log(None),
+            Algorithm::SlidingWindow => LimitState::Log(SlidingLog::default()),
             Algorithm::Gcra { .. } => LimitState::Cell(Cell::default()),
         }
     }
 
     /// Forgets what left the window by `now`; frees an emptied log.
     pub(crate) fn prune(&self, state: &mut LimitState, now: u64) {
-        if let LimitState::Log(slot) = state {
-            if let Some(log) = slot {
-                log.prune(now, self.rate.window_ns());
-                if log.is_empty() {
-                    *slot = None;
-                }
+        if let LimitState::Log(log) = state {
+            log.prune(now, self.rate.window_ns());
+            if log.is_empty() {
+                // Give the buffer back: an idle key holds no heap.
+                *log = SlidingLog::default();
             }
         }
     }
@@ -114,11 +113,9 @@ impl Limit {
     /// Whether `cost` fits now (the state pruned to `now` first), and if not, from when.
     pub(crate) fn verdict(&self, state: &LimitState, now: u64, cost: u64) -> Verdict {
         match (state, self.algorithm) {
-            (LimitState::Log(log), _) => match log {
-                Some(log) => log.verdict(self.rate.window_ns(), self.rate.amount(), cost),
-                None if cost > self.rate.amount() => Verdict::Never,
-                None => Verdict::Allowed,
-            },
+            (LimitState::Log(log), _) => {
+                log.verdict(self.rate.window_ns(), self.rate.amount(), cost)
+            }
             (LimitState::Cell(cell), Algorithm::Gcra { burst }) => {
                 cell.verdict(self.gcra_params(burst), now, cost)
             }
@@ -129,11 +126,7 @@ impl Limit {
     /// Records `cost` at `now`.
     pub(crate) fn add(&self, state: &mut LimitState, now: u64, cost: u64) {
         match (state, self.algorithm) {
-            (LimitState::Log(slot), _) => {
-                if cost > 0 {
-                    slot.get_or_insert_with(Box::default).add(now, cost);
-                }
-            }
+            (LimitState::Log(log), _) => log.add(now, cost),
             (LimitState::Cell(cell), Algorithm::Gcra { burst }) => {
                 cell.add(self.gcra_params(burst), now, cost)
             }
@@ -144,12 +137,10 @@ impl Limit {
     /// Takes back `cost` recorded at `at`.
     pub(crate) fn take_back(&self, state: &mut LimitState, at: u64, cost: u64) {
         match (state, self.algorithm) {
-            (LimitState::Log(slot), _) => {
-                if let Some(log) = slot {
-                    log.take_back(at, cost);
-                    if log.is_empty() {
-                        *slot = None;
-                    }
+            (LimitState::Log(log), _) => {
+                log.take_back(at, cost);
+                if log.is_empty() {
+                    *log = SlidingLog::default();
                 }
             }
             (LimitState::Cell(cell), Algorithm::Gcra { burst }) => {
@@ -162,10 +153,7 @@ impl Limit {
     /// When the state is as if new again (ns); `0` if it is now.
     pub(crate) fn idle_at(&self, state: &LimitState) -> u64 {
         match (state, self.algorithm) {
-            (LimitState::Log(log), _) => log
-                .as_ref()
-                .and_then(|log| log.empty_at(self.rate.window_ns()))
-                .unwrap_or(0),
+            (LimitState::Log(log), _) => log.empty_at(self.rate.window_ns()).unwrap_or(0),
             (LimitState::Cell(cell), Algorithm::Gcra { burst }) => {
                 cell.idle_at(self.gcra_params(burst))
             }
@@ -174,11 +162,11 @@ impl Limit {
     }
 }
 
-/// One key's state under one limit: 24 bytes inline, plus a sliding log's buffer while it
-/// holds entries.
+/// One key's state under one limit: 40 bytes inline, plus a sliding log's buffer while it
+/// holds entries (no allocation otherwise).
 #[derive(Debug, Clone)]
 pub(crate) enum LimitState {
-    Log(Option<Box<SlidingLog>>),
+    Log(SlidingLog),
     Cell(Cell),
 }
 
@@ -186,7 +174,7 @@ impl LimitState {
     /// The newest time recorded, if the state keeps times (a log).
     pub(crate) fn newest(&self) -> Option<u64> {
         match self {
-            LimitState::Log(log) => log.as_ref().and_then(|log| log.newest()),
+            LimitState::Log(log) => log.newest(),
             LimitState::Cell(_) => None,
         }
     }
@@ -194,10 +182,16 @@ impl LimitState {
     /// Heap bytes held beyond the inline state.
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
-            LimitState::Log(Some(log)) => {
-                std::mem::size_of::<SlidingLog>().saturating_add(log.heap_bytes())
-            }
-            _ => 0,
+            LimitState::Log(log) => log.heap_bytes(),
+            LimitState::Cell(_) => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_key_state_is_40_bytes_inline() {
+        assert_eq!(std::mem::size_of::<super::LimitState>(), 40);
     }
 }
