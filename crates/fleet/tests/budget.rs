@@ -320,3 +320,116 @@ async fn outages_follow_on_backend_error_and_recover() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Redis paused (SIGSTOP) mid-use: with `local`, a decision waits at most the call bound
+/// before it falls back, and none after it; thawed, decisions go back to Redis and nothing is
+/// stuck (the fleet's count is what Redis recorded plus what is admitted after).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_costs_one_bounded_call_then_local_decisions_then_recovery() {
+    let server = RedisServer::start();
+    let limits = [Limit::sliding(Meter::Requests, rate(1000, 60_000))];
+    let budget = budget_on(&server, &name("pause"), &limits, BudgetFallback::Local);
+    assert!(matches!(
+        budget.reserve(b"k", 0).await.unwrap(),
+        FleetDecision::Allowed(_)
+    ));
+    server.freeze();
+    let started = Instant::now();
+    let first = budget.reserve(b"k", 0).await.unwrap();
+    let first_took = started.elapsed();
+    let then = Instant::now();
+    for _ in 0..50 {
+        match budget.reserve(b"k", 0).await.unwrap() {
+            FleetDecision::Allowed(r) => assert_eq!(r.decider(), Decider::Local),
+            other => panic!("{other:?}"),
+        }
+    }
+    let rest_took = then.elapsed();
+    server.thaw();
+    assert!(matches!(first, FleetDecision::Allowed(ref r) if r.decider() == Decider::Local));
+    // connect_timeout + command_timeout, then as much for the PING (2 x 600 ms), plus slack.
+    assert!(first_took < Duration::from_millis(1600), "{first_took:?}");
+    assert!(
+        rest_took < Duration::from_millis(50),
+        "no round trip while down: {rest_took:?}"
+    );
+    eventually(Duration::from_secs(5), "back on Redis", || {
+        budget.fleet().backend_up()
+    })
+    .await;
+    match budget.reserve(b"k", 0).await.unwrap() {
+        FleetDecision::Allowed(r) => assert_eq!(r.decider(), Decider::Fleet),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Throughput and latency of fleet decisions on one replica (loopback, its own redis-server):
+/// `cargo test --release -p admitgate-fleet --test budget -- --ignored --nocapture
+/// fleet_decision_cost`. Every decision goes to Redis (a limit no identity reaches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run it alone with --release"]
+async fn fleet_decision_cost() {
+    let server = RedisServer::start();
+    let limits = [
+        Limit::sliding(Meter::Requests, rate(1_000_000, 60_000)),
+        Limit::sliding(Meter::Tokens, rate(1 << 40, 60_000)),
+    ];
+    let budget = budget_on(&server, &name("cost"), &limits, BudgetFallback::Reject);
+    for concurrency in [1usize, 8, 32] {
+        let until = Instant::now() + Duration::from_secs(3);
+        let mut tasks = Vec::new();
+        for t in 0..concurrency {
+            let budget = budget.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut samples = Vec::new();
+                let mut i = t;
+                while Instant::now() < until {
+                    let id = format!("identity-{}", i % 2000);
+                    i += concurrency;
+                    let started = Instant::now();
+                    let d = budget.reserve(id.as_bytes(), 100).await.unwrap();
+                    samples.push(started.elapsed());
+                    assert!(matches!(d, FleetDecision::Allowed(_)));
+                }
+                samples
+            }));
+        }
+        let mut samples = Vec::new();
+        for t in tasks {
+            samples.extend(t.await.unwrap());
+        }
+        let n = samples.len();
+        let (p50, p99) = support::percentiles(samples);
+        println!(
+            "concurrency {concurrency}: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}",
+            n as f64 / 3.0
+        );
+    }
+    // Redis memory of one identity holding 60 requests and 60 token entries.
+    let FleetDecision::Allowed(_) = budget.reserve(b"memory", 1).await.unwrap() else {
+        panic!()
+    };
+    for _ in 0..59 {
+        let _ = budget.reserve(b"memory", 1).await.unwrap();
+    }
+    let keys = server.command(&["KEYS", "*"]);
+    let hash = keys
+        .lines()
+        .filter(|k| k.starts_with('{'))
+        .map(|k| {
+            let bytes: i64 = server.command(&["MEMORY", "USAGE", k]).parse().unwrap_or(0);
+            (k.to_owned(), bytes)
+        })
+        .collect::<Vec<_>>();
+    let (requests, tokens): (i64, i64) = hash
+        .iter()
+        .filter(|(k, _)| server.command(&["ZCARD", k]) == "60")
+        .fold((0, 0), |(r, t), (k, b)| {
+            if k.ends_with(":0") {
+                (r + b, t)
+            } else {
+                (r, t + b)
+            }
+        });
+    println!("Redis memory, 60 entries: request log {requests} B, token log {tokens} B (+ its amounts hash)");
+}
