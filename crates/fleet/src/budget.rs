@@ -21,6 +21,9 @@
 //! its view of outages (a failure marks the backend down for both; the limit's probe detects
 //! the recovery). A budget with its own URL builds a limit that only holds the connection.
 //!
+//! A fleet budget's limits are exact sliding windows; `burst=` (GCRA) is refused for one
+//! (a local budget has it).
+//!
 //! **Outages** (`on_backend_error`), never blocking: a call is bounded as every fleet call is
 //! (`connect_timeout + command_timeout`, at most `lease_ttl` for a slow but alive Redis), and
 //! while the backend is down decisions make no round trip at all:
@@ -175,9 +178,17 @@ struct Counters {
     settles_lost: AtomicU64,
 }
 
-/// Refusals with a known retry time, per identity: (retry at, the cost refused).
+/// A refusal whose retry time is known: until when, the cost refused, and the limit.
+#[derive(Clone, Copy)]
+struct Known {
+    until: Instant,
+    cost: u64,
+    limit: usize,
+}
+
+/// Refusals with a known retry time, per identity.
 struct KnownRefusals {
-    until: HashMap<KeyHash, (Instant, u64)>,
+    until: HashMap<KeyHash, Known>,
     sweep_at: usize,
 }
 
@@ -185,17 +196,19 @@ struct KnownRefusals {
 const MIN_SWEEP: usize = 1024;
 
 impl KnownRefusals {
-    fn get(&self, key: KeyHash, cost: u64, now: Instant) -> Option<Duration> {
-        let (at, refused) = self.until.get(&key)?;
-        (now < *at && cost >= *refused).then(|| at.saturating_duration_since(now))
+    /// The wait left and the limit, if a refusal of at most `cost` is known for `key`.
+    fn get(&self, key: KeyHash, cost: u64, now: Instant) -> Option<(Duration, usize)> {
+        let known = self.until.get(&key)?;
+        (now < known.until && cost >= known.cost)
+            .then(|| (known.until.saturating_duration_since(now), known.limit))
     }
 
-    fn insert(&mut self, key: KeyHash, at: Instant, cost: u64, now: Instant) {
+    fn insert(&mut self, key: KeyHash, known: Known, now: Instant) {
         if self.until.len() >= self.sweep_at {
-            self.until.retain(|_, (until, _)| *until > now);
+            self.until.retain(|_, k| k.until > now);
             self.sweep_at = self.until.len().saturating_mul(2).max(MIN_SWEEP);
         }
-        self.until.insert(key, (at, cost));
+        self.until.insert(key, known);
     }
 }
 
@@ -260,6 +273,17 @@ impl FleetBudget {
         fallback: BudgetFallback,
     ) -> Result<Self, ConfigError> {
         validate_name(name)?;
+        if let Some(limit) = local
+            .limits()
+            .iter()
+            .find(|l| matches!(l.algorithm, admitgate_budget::Algorithm::Gcra { .. }))
+        {
+            return Err(ConfigError::new(
+                "burst",
+                format!("{:?} ({})", limit.algorithm, limit.rate),
+                "a fleet budget decides exact sliding windows only; burst= (GCRA) is for a local budget",
+            ));
+        }
         let nonce = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), name);
         Ok(FleetBudget {
             inner: Arc::new(Inner {
@@ -376,11 +400,11 @@ impl FleetBudget {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key, tokens, started);
-        if let Some(wait) = known {
+        if let Some((wait, limit)) = known {
             inner.counters.known_refusals.fetch_add(1, Relaxed);
             return Ok(FleetDecision::Limited(BudgetRefusal {
                 retry_after: Some(wait),
-                limit: 0,
+                limit,
                 decider: Decider::KnownRefusal,
                 server_time: None,
             }));
@@ -436,7 +460,15 @@ impl FleetBudget {
                             .known
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .insert(key, until, tokens, started);
+                            .insert(
+                                key,
+                                Known {
+                                    until,
+                                    cost: tokens,
+                                    limit,
+                                },
+                                started,
+                            );
                     }
                 }
                 Ok(FleetDecision::Limited(BudgetRefusal {

@@ -433,3 +433,13 @@ async fn fleet_decision_cost() {
         });
     println!("Redis memory, 60 entries: request log {requests} B, token log {tokens} B (+ its amounts hash)");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_limit_is_refused_for_a_fleet_budget_naming_burst() {
+    let fleet = limit(config(shared(), &unique_key("gcra"), 10));
+    let gcra = Limit::gcra(Meter::Requests, rate(60, 60_000), 5).unwrap();
+    let local = Budget::new(vec![gcra], 1024).unwrap();
+    let e = FleetBudget::new(&fleet, "gcra", local, BudgetFallback::Local).unwrap_err();
+    assert_eq!(e.field, "burst");
+    assert!(e.to_string().contains("sliding windows"), "{e}");
+}
