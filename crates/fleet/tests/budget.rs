@@ -41,32 +41,32 @@ fn name(what: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_decides_exactly_as_the_model_at_the_servers_times() {
     let server = shared();
+    let (mut allowed, mut refused) = (0, 0);
     for seed in 0..6u64 {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut limits = vec![Limit::sliding(
             Meter::Requests,
-            rate(rng.u64(2..=5), rng.u64(20..=60)),
+            rate(rng.u64(2..=5), rng.u64(50..=200)),
         )];
         if seed % 2 == 0 {
             limits.push(Limit::sliding(
                 Meter::Tokens,
-                rate(rng.u64(100..=300), rng.u64(20..=60)),
+                rate(rng.u64(100..=300), rng.u64(50..=200)),
             ));
         }
         if seed % 3 == 0 {
             limits.push(Limit::sliding(
                 Meter::Requests,
-                rate(rng.u64(5..=9), rng.u64(60..=120)),
+                rate(rng.u64(5..=9), rng.u64(200..=400)),
             ));
         }
         let fleet = budget_on(server, &name("model"), &limits, BudgetFallback::Reject);
         let model = Budget::new(limits.clone(), 1024).unwrap();
         let identities = ["alice", "bob", "carol"];
         let mut held: Vec<(usize, FleetReservation, Reservation)> = Vec::new();
-        let (mut allowed, mut refused) = (0, 0);
         for step in 0..250 {
             if rng.u8(0..4) == 0 {
-                tokio::time::sleep(Duration::from_millis(rng.u64(0..25))).await;
+                tokio::time::sleep(Duration::from_millis(rng.u64(0..60))).await;
             }
             let ctx = format!("seed {seed} step {step} {limits:?}");
             match rng.u8(0..10) {
@@ -122,11 +122,13 @@ async fn redis_decides_exactly_as_the_model_at_the_servers_times() {
                 _ => {}
             }
         }
-        assert!(
-            allowed > 20 && refused > 5,
-            "seed {seed}: {allowed} allowed, {refused} refused"
-        );
     }
+    // The sequences reached both answers often (slow calls on a loaded host pass windows
+    // sooner, so this is counted over all of them).
+    assert!(
+        allowed > 100 && refused > 30,
+        "{allowed} allowed, {refused} refused"
+    );
 }
 
 /// Three replicas (their own connections) burst at 20 identities far above the limit: by the
@@ -442,4 +444,34 @@ async fn a_gcra_limit_is_refused_for_a_fleet_budget_naming_burst() {
     let e = FleetBudget::new(&fleet, "gcra", local, BudgetFallback::Local).unwrap_err();
     assert_eq!(e.field, "burst");
     assert!(e.to_string().contains("sliding windows"), "{e}");
+}
+
+/// More expired token entries than Lua's `unpack` takes at once (~8,000) leave in one call:
+/// pruned in chunks, the decision still made by Redis. (Written straight into Redis, long
+/// expired: making 10,000 calls within one window is too slow on a loaded host.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_token_entries_expiring_at_once_are_pruned_in_chunks() {
+    let server = shared();
+    let budget_name = name("prune");
+    let limits = [Limit::sliding(Meter::Tokens, rate(1000, 3_000))];
+    let budget = budget_on(server, &budget_name, &limits, BudgetFallback::Reject);
+    let digest = sha1_smol::Sha1::from(b"many").digest().to_string();
+    let tag = format!("{{{budget_name}:{}}}", &digest[..32]);
+    let (log, amounts) = (format!("{tag}:0"), format!("{tag}:0:t"));
+    let ids: Vec<String> = (0..10_000).map(|i| format!("old-{i}")).collect();
+    let mut zadd = vec!["ZADD", log.as_str()];
+    let mut hset = vec!["HSET", amounts.as_str(), "sum", "10000"];
+    for id in &ids {
+        zadd.extend(["1", id.as_str()]);
+        hset.extend([id.as_str(), "1"]);
+    }
+    assert_eq!(server.command(&zadd), "10000");
+    server.command(&hset);
+    match budget.reserve(b"many", 1000).await.unwrap() {
+        FleetDecision::Allowed(r) => assert_eq!(r.decider(), Decider::Fleet),
+        other => panic!("{other:?}"),
+    }
+    assert!(budget.fleet().backend_up());
+    assert_eq!(server.zcard(&log), 1);
+    assert_eq!(server.command(&["HGET", &amounts, "sum"]), "1000");
 }

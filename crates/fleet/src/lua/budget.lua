@@ -33,6 +33,8 @@ local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local KEY_MARGIN_MS = 1000
 -- A refusal reads the oldest entries in chunks of this many.
 local WALK = 64
+-- Expired token entries leave in chunks of this many (unpack's limit is a few thousand).
+local PRUNE_CHUNK = 1000
 
 local limits = {}
 for i = 1, nlimits do
@@ -53,19 +55,28 @@ end
 
 local function prune(l)
   local edge = now - l.window
-  if l.kind == 't' then
-    local gone = redis.call('ZRANGEBYSCORE', l.log, '-inf', edge)
-    if #gone > 0 then
-      local amounts = redis.call('HMGET', l.amounts, unpack(gone))
-      local freed = 0
-      for _, a in ipairs(amounts) do
-        freed = freed + (tonumber(a) or 0)
-      end
-      redis.call('HDEL', l.amounts, unpack(gone))
-      redis.call('HINCRBY', l.amounts, 'sum', -freed)
+  if l.kind == 'r' then
+    redis.call('ZREMRANGEBYSCORE', l.log, '-inf', edge)
+    return
+  end
+  -- In chunks: Lua's unpack takes a few thousand values at most.
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', l.log, '-inf', edge, 'LIMIT', 0, PRUNE_CHUNK)
+    if #gone == 0 then
+      return
+    end
+    local amounts = redis.call('HMGET', l.amounts, unpack(gone))
+    local freed = 0
+    for _, a in ipairs(amounts) do
+      freed = freed + (tonumber(a) or 0)
+    end
+    redis.call('HDEL', l.amounts, unpack(gone))
+    redis.call('ZREM', l.log, unpack(gone))
+    redis.call('HINCRBY', l.amounts, 'sum', -freed)
+    if #gone < PRUNE_CHUNK then
+      return
     end
   end
-  redis.call('ZREMRANGEBYSCORE', l.log, '-inf', edge)
 end
 
 local function expire(l)
