@@ -95,6 +95,8 @@ pub struct Settlement {
 pub struct Budget {
     limits: Box<[Limit]>,
     shards: Box<[Mutex<Table>]>,
+    /// Never used: what [`Budget::shard`] returns if its index were ever out of range.
+    spare: Mutex<Table>,
     hasher: foldhash::fast::RandomState,
     counters: Counters,
 }
@@ -135,6 +137,7 @@ impl Budget {
             .collect();
         Ok(Budget {
             counters: Counters::new(limits.len()),
+            spare: Mutex::new(Table::new(limits.len(), 1, seed)),
             limits: limits.into_boxed_slice(),
             shards,
             hasher,
@@ -160,7 +163,11 @@ impl Budget {
         // The middle bits: hashbrown takes the bucket from the low bits and its tag from the
         // top seven, which must stay varied inside one shard.
         let i = ((key.0 >> 32) as usize) % SHARDS;
-        &self.shards[i]
+        match self.shards.get(i) {
+            Some(shard) => shard,
+            // Unreachable: there are SHARDS shards. Any shard is correct, only slower.
+            None => &self.spare,
+        }
     }
 
     /// Admits one request costing `tokens` for `key` at `now`, or says when it could be.

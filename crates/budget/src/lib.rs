@@ -74,9 +74,30 @@
 //! window than `max_keys`. Random keys at any rate therefore hold memory at most `max_keys`
 //! keys' worth.
 //!
+//! **No panics.** As in admitgate's core, the crate's root denies `unwrap`, `expect`,
+//! `panic!`, unchecked indexing and overflowing arithmetic outside tests: arithmetic saturates
+//! (times and amounts are far from `u64::MAX`), and a case that could only come from a bug is
+//! handled harmlessly.
+//!
 //! **Cost.** A decision is one shard lock, one hash lookup and O(1) amortised work per limit
 //! (pruning is amortised over the admissions that added the entries; a refusal walks the log
 //! only as far as the entries that must leave, one for a request limit).
+
+// Denied outside tests, as in admitgate's core: the binding and the fleet call this crate on
+// every admission, so it never panics (no unwrap, indexing or overflowing arithmetic).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
 
 pub mod budget;
 pub mod error;

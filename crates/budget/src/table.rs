@@ -135,7 +135,7 @@ impl Table {
         }
         let mut victim = (u64::MAX, 0usize);
         for _ in 0..EVICTION_SAMPLES {
-            let slot = (self.next_random() % len) as usize;
+            let slot = self.next_random().checked_rem(len).unwrap_or(0) as usize;
             let idle_at = self.idle_at(slot, limits);
             if idle_at < victim.0 {
                 victim = (idle_at, slot);
@@ -166,25 +166,33 @@ impl Table {
                     *s = slot as u32;
                 }
             }
+            let (to, from) = (
+                slot.saturating_mul(self.stride),
+                last.saturating_mul(self.stride),
+            );
             for i in 0..self.stride {
-                self.states
-                    .swap(slot * self.stride + i, last * self.stride + i);
+                let (a, b) = (to.saturating_add(i), from.saturating_add(i));
+                if a < self.states.len() && b < self.states.len() {
+                    self.states.swap(a, b);
+                }
             }
         }
         self.hashes.swap_remove(slot);
-        self.states.truncate(last * self.stride);
+        self.states.truncate(last.saturating_mul(self.stride));
     }
 
     /// Bytes held: the vectors' and the index's allocations, and the logs' buffers.
     pub(crate) fn bytes(&self) -> usize {
-        let inline = self.hashes.capacity() * std::mem::size_of::<u64>()
-            + self.states.capacity() * std::mem::size_of::<LimitState>()
-            + self.index.allocation_size();
-        inline
-            + self
-                .states
-                .iter()
-                .map(LimitState::heap_bytes)
-                .sum::<usize>()
+        let heap: usize = self.states.iter().map(LimitState::heap_bytes).sum();
+        self.hashes
+            .capacity()
+            .saturating_mul(std::mem::size_of::<u64>())
+            .saturating_add(
+                self.states
+                    .capacity()
+                    .saturating_mul(std::mem::size_of::<LimitState>()),
+            )
+            .saturating_add(self.index.allocation_size())
+            .saturating_add(heap)
     }
 }
