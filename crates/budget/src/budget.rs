@@ -51,6 +51,11 @@ impl Reservation {
     pub fn key(&self) -> KeyHash {
         self.key
     }
+
+    /// When it was recorded (the caller's clock, made monotonic per identity).
+    pub fn at(&self) -> Duration {
+        Duration::from_nanos(self.at)
+    }
 }
 
 /// A refusal: when the budget allows this admission again.

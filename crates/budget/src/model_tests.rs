@@ -467,3 +467,70 @@ fn recorded_admissions_count_without_being_decided() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Four threads deciding for the same five identities at once on one real clock: by the times
+/// the admissions were recorded, never more than N per identity in any window of length T, and
+/// every refusal's retry time is in the future of its decision.
+#[test]
+fn threads_deciding_at_once_never_pass_more_than_n_per_window() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    let (n, window) = (7u64, Duration::from_millis(20));
+    let budget = Arc::new(
+        Budget::new(
+            vec![Limit::sliding(
+                Meter::Requests,
+                Rate::new("r", n, window).unwrap(),
+            )],
+            1024,
+        )
+        .unwrap(),
+    );
+    let origin = Instant::now();
+    let admitted: Arc<Mutex<HashMap<usize, Vec<Duration>>>> = Arc::default();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (budget, admitted) = (budget.clone(), admitted.clone());
+            std::thread::spawn(move || {
+                for i in 0..20_000usize {
+                    let who = (i + t) % 5;
+                    let key = budget.key(&who.to_le_bytes());
+                    let now = origin.elapsed();
+                    match budget.reserve(key, 0, now) {
+                        Decision::Allowed(r) => admitted
+                            .lock()
+                            .unwrap()
+                            .entry(who)
+                            .or_default()
+                            .push(r.at()),
+                        Decision::Limited(l) => assert!(l.retry_at.unwrap() > now),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let admitted = admitted.lock().unwrap();
+    for (who, times) in admitted.iter() {
+        let mut times = times.clone();
+        times.sort();
+        let mut start = 0;
+        for end in 0..times.len() {
+            while times[start] + window <= times[end] {
+                start += 1;
+            }
+            assert!(
+                (end - start) as u64 + 1 <= n,
+                "identity {who}: {} in one window",
+                end - start + 1
+            );
+        }
+        assert!(
+            times.len() as u64 >= n,
+            "identity {who}: {} admitted",
+            times.len()
+        );
+    }
+}
