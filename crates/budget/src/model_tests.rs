@@ -522,7 +522,7 @@ fn threads_deciding_at_once_never_pass_more_than_n_per_window() {
                 start += 1;
             }
             assert!(
-                (end - start) as u64 + 1 <= n,
+                ((end - start) as u64) < n,
                 "identity {who}: {} in one window",
                 end - start + 1
             );
