@@ -475,3 +475,84 @@ async fn ten_thousand_token_entries_expiring_at_once_are_pruned_in_chunks() {
     assert_eq!(server.zcard(&log), 1);
     assert_eq!(server.command(&["HGET", &amounts, "sum"]), "1000");
 }
+
+/// `fleet="redis://..."`: a budget with a connection of its own decides on Redis; its stats
+/// count what it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_with_its_own_url_decides_on_redis_and_counts_what_it_did() {
+    let server = shared();
+    let limits = vec![
+        Limit::sliding(Meter::Requests, rate(2, 60_000)),
+        Limit::sliding(Meter::Tokens, rate(100, 60_000)),
+    ];
+    let budget = FleetBudget::with_url(
+        &server.url(),
+        &name("own-url"),
+        Budget::new(limits, 1024).unwrap(),
+        BudgetFallback::Local,
+        tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    let FleetDecision::Allowed(first) = budget.reserve(b"k", 60).await.unwrap() else {
+        panic!("allowed")
+    };
+    assert_eq!(first.decider(), Decider::Fleet);
+    // 60 + 60 > 100: refused by the token limit (index 1), then answered locally.
+    match budget.reserve(b"k", 60).await.unwrap() {
+        FleetDecision::Limited(l) => assert_eq!((l.limit, l.decider), (1, Decider::Fleet)),
+        other => panic!("{other:?}"),
+    }
+    match budget.reserve(b"k", 60).await.unwrap() {
+        FleetDecision::Limited(l) => assert_eq!((l.limit, l.decider), (1, Decider::KnownRefusal)),
+        other => panic!("{other:?}"),
+    }
+    // A refund here clears the known refusal: 60 -> 30 used, 30 + 60 fits.
+    assert!(budget.settle(first, 30).await.is_some());
+    match budget.reserve(b"k", 60).await.unwrap() {
+        FleetDecision::Allowed(r) => assert_eq!(r.decider(), Decider::Fleet),
+        other => panic!("{other:?}"),
+    }
+    let stats = budget.stats();
+    assert_eq!(
+        (
+            stats.fleet_decisions,
+            stats.known_refusals,
+            stats.offline_decisions
+        ),
+        (3, 1, 0)
+    );
+    let e = FleetBudget::with_url(
+        "redis://127.0.0.1:1/0",
+        "bad name",
+        Budget::new(vec![Limit::sliding(Meter::Requests, rate(1, 1000))], 8).unwrap(),
+        BudgetFallback::Local,
+        tokio::runtime::Handle::current(),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "name");
+}
+
+/// A settle while Redis is down applies to the local budget only, and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_during_an_outage_is_local_and_counted() {
+    let server = RedisServer::start();
+    let limits = [Limit::sliding(Meter::Tokens, rate(100, 60_000))];
+    let budget = budget_on(&server, &name("settle-out"), &limits, BudgetFallback::Local);
+    let FleetDecision::Allowed(r) = budget.reserve(b"k", 80).await.unwrap() else {
+        panic!("allowed")
+    };
+    server.kill();
+    // The next decision finds Redis gone: local, where the 80 are recorded.
+    match budget.reserve(b"k", 30).await.unwrap() {
+        FleetDecision::Limited(l) => assert_eq!(l.decider, Decider::Local),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(budget.settle(r, 10).await, None);
+    assert_eq!(budget.stats().settles_lost, 1);
+    // Refunded locally: 10 + 30 fits.
+    match budget.reserve(b"k", 30).await.unwrap() {
+        FleetDecision::Allowed(r) => assert_eq!(r.decider(), Decider::Local),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(budget.stats().offline_decisions, 2);
+}
