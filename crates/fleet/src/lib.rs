@@ -28,6 +28,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Budgets** ([`FleetBudget`]) share the connection: requests and tokens per identity per
+//! window, exact across the fleet, one Lua call per decision by the server's clock (see the
+//! `budget` module's docs and `src/lua/budget.lua`).
+//!
 //! # Guarantees
 //!
 //! **Never over the cap, with two stated exceptions.** Leases are taken by an atomic
@@ -225,6 +229,7 @@
 )]
 
 mod backend;
+mod budget;
 mod config;
 mod error;
 mod events;
@@ -239,6 +244,10 @@ mod stats;
 mod subscriber;
 mod tickets;
 
+pub use budget::{
+    BudgetFallback, BudgetRefusal, Decider, FleetBudget, FleetBudgetStats, FleetDecision,
+    FleetReservation,
+};
 pub use config::{ConfigError, FleetConfig, OnBackendError};
 pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};
