@@ -115,3 +115,18 @@ def test_a_setting_from_the_config_file_is_named_as_its_key(tmp_path: Any) -> No
     # The flag wins, and is named as the flag.
     done = _python_m_broker("--config", str(config), "--max-in-flight", "-3")
     assert "--max-in-flight must be >= 0, got -3" in done.stderr, done.stderr
+
+
+def test_a_broker_without_a_cap_warns_in_plain_words_at_start(binary: Any) -> None:
+    """Issue 27: with no --max-in-flight (default 0) the broker gates nothing, and said so
+    only in an info-level JSON field."""
+    uncapped = BrokerProcess(binary, "--upstream", "http://127.0.0.1:9", metrics=False)
+    capped = BrokerProcess(
+        binary, "--upstream", "http://127.0.0.1:9", "--max-in-flight", "2", metrics=False
+    )
+    assert (uncapped.stop(), capped.stop()) == (0, 0)  # every line read
+    warning = uncapped.events("no_cap")
+    assert [line["level"] for line in warning] == ["warn"], uncapped.raw
+    assert "gates nothing" in warning[0]["message"]
+    assert "--max-in-flight" in warning[0]["message"]
+    assert capped.events("no_cap") == [], capped.raw
