@@ -131,6 +131,25 @@ def test_a_config_that_cannot_be_read_exits_2(capsys, tmp_path):
     assert "--max-concurrent-runs: must be an integer from 0 to" in capsys.readouterr().err
 
 
+def test_the_timeline_has_the_share_of_provider_429s_the_png_draws():
+    """Issue 27: the picture did not show provider 429s, the figure the page is about."""
+    from admitgate import _admitgate
+    from admitgate._simulate import candidates
+
+    yours = {"name": "yours", "ceiling": "none", "max_concurrent_runs": 0, "queue_depth": 0,
+             "overflow_policy": "reject", "queue_timeout_s": None, "queue_discipline": "fifo"}  # fmt: skip
+    scenario = {"capacity": [(0.0, 8)], "duration_s": 4.0, "seed": 3}
+    reports = _admitgate._simulate(scenario, candidates(yours, False))
+    for report in reports:
+        shares = [point[4] for point in report["timeline"]]
+        assert all(0.0 <= share <= 1.0 for share in shares)
+        overall = report["provider_429s"] / max(report["provider_calls"], 1)
+        mean = sum(shares) / len(shares)
+        assert abs(mean - overall) < 0.1, (report["gate"], mean, overall)
+    no_gate, adaptive = reports[2], reports[1]
+    assert sum(p[4] for p in no_gate["timeline"]) > 5 * sum(p[4] for p in adaptive["timeline"])
+
+
 def test_png_of_goodput_and_the_ceiling(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out.png"

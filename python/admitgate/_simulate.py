@@ -259,31 +259,100 @@ def _png_ready(path: str) -> str | None:
     return None
 
 
-def _png(path: str, reports: list[dict[str, Any]], title: str) -> None:
+#: One colour and line style per gate, the same in every panel (the first three: yours, the
+#: adaptive gate, no gate; then the baselines).
+_STYLES = [
+    ("tab:red", "-"),
+    ("tab:blue", "-"),
+    ("black", ":"),
+    ("tab:orange", "--"),
+    ("tab:green", "-."),
+    ("tab:purple", (0, (3, 1, 1, 1))),
+]
+
+
+def _smoothed(values: list[float], width: int) -> list[float]:
+    """A trailing mean over ``width`` points (the first ones over what there is)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= width:
+            total -= values[i - width]
+        out.append(total / min(i + 1, width))
+    return out
+
+
+def _png(path: str, reports: list[dict[str, Any]], title: str, service_s: float) -> None:
+    """Three panels over time, one colour per gate in each: goodput as a fraction of what the
+    provider could serve, the share of provider calls answered 429, and each ceiling against
+    the provider's capacity. The legend carries the table's figures."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    for r in reports:
-        times = [p[0] for p in r["timeline"]]
-        top.plot(times, [p[1] for p in r["timeline"]], label=r["gate"])
-        if any(p[2] for p in r["timeline"]):
-            bottom.step(times, [p[2] for p in r["timeline"]], where="post", label=r["gate"])
+    figure, (good, throttled, ceiling) = plt.subplots(
+        3, 1, sharex=True, figsize=(10, 8.5), gridspec_kw={"height_ratios": [3, 2, 3]}
+    )
+    smooth = 4  # timeline points are 250 ms: a 1 s mean
     if reports:
         first = reports[0]["timeline"]
-        bottom.step(
-            [p[0] for p in first], [p[3] for p in first], "k--", where="post", label="capacity"
+        times = [p[0] for p in first]
+        ceiling.fill_between(
+            times,
+            [p[3] for p in first],
+            step="post",
+            color="0.88",
+            label="provider capacity",
+            zorder=0,
         )
-    top.set_ylabel("goodput (turns/s)")
-    bottom.set_ylabel("ceiling")
-    bottom.set_xlabel("seconds")
-    top.set_title(title)
-    top.legend(fontsize="small")
-    bottom.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path)
+        ceiling.step(times, [p[3] for p in first], where="post", color="0.55", lw=1, zorder=1)
+    good.axhline(1.0, color="0.55", lw=1, zorder=0)
+    widths = [4.5 - 1.0 * min(i, 3) for i in range(len(reports))]  # later ones drawn thinner
+    handles = []
+    for i, r in enumerate(reports):
+        colour, style = _STYLES[i % len(_STYLES)]
+        times = [p[0] for p in r["timeline"]]
+        fraction = [p[1] * service_s / p[3] if p[3] else 0.0 for p in r["timeline"]]
+        share = [100 * p[4] for p in r["timeline"]]
+        calls = max(r["provider_calls"], 1)
+        label = (
+            f"{r['gate']}: goodput {r['goodput']:.2f}, "
+            f"429s {100 * r['provider_429s'] / calls:.1f}% of calls"
+        )
+        kw = {"color": colour, "ls": style, "lw": widths[i], "alpha": 0.85, "zorder": 2 + i}
+        (line,) = good.plot(times, _smoothed(fraction, smooth), label=label, **kw)
+        handles.append(line)
+        throttled.plot(times, _smoothed(share, smooth), **kw)
+        if any(p[2] for p in r["timeline"]):
+            ceiling.step(times, [p[2] for p in r["timeline"]], where="post", **kw)
+    good.set_ylabel("goodput\n(fraction of capacity)")
+    good.set_ylim(0, 1.25)  # a capacity drop shows as a brief spike above 1: clipped
+    throttled.set_ylabel("provider 429s\n(% of its answers)")
+    throttled.set_ylim(0, 100)
+    ceiling.set_ylabel("ceiling\n(concurrent calls)")
+    ceiling.set_xlabel("seconds of simulated time (goodput and 429s: 1 s means)")
+    top = max(
+        [p[3] for r in reports[:1] for p in r["timeline"]]
+        + [p[2] for r in reports for p in r["timeline"]]
+        + [1]
+    )
+    ceiling.set_ylim(0, top * 1.15)
+    ceiling.legend(loc="upper left", fontsize="small")
+    good.set_title(title, fontsize="medium")
+    columns = 1 if len(handles) <= 3 else 2
+    rows = -(-len(handles) // columns)
+    legend_height = 0.03 * rows + 0.01
+    figure.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=columns,
+        fontsize="small",
+        frameon=False,
+    )
+    figure.tight_layout(rect=(0, legend_height, 1, 1))
+    figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
@@ -341,7 +410,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate sim
     print(f"the most the provider can serve: {physical:.1f} turns/s\n")
     print(table(reports, physical))
     if args.png:
-        _png(args.png, reports, title)
+        _png(args.png, reports, title, args.service_ms / 1000)
         print(f"\nwrote {args.png}")
     return 0
 
