@@ -62,13 +62,18 @@ def _openssl(directory: Path, *args: str) -> None:
 def make_certificates(directory: Path) -> None:
     """A throwaway CA and a server certificate for 127.0.0.1 / localhost, valid for a day."""
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    # keyUsage on the CA and the key identifiers on the server certificate: CPython 3.13's
+    # ssl verifies strictly (VERIFY_X509_STRICT) and refuses a chain without them.
     _openssl(directory, "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "1", "-subj", "/CN=admitgate fleet test CA")  # fmt: skip
+             "-days", "1", "-subj", "/CN=admitgate fleet test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
     _openssl(directory, "req", *ec, "-keyout", "server.key", "-out", "server.csr",
              "-subj", "/CN=localhost")  # fmt: skip
     (directory / "server.ext").write_text(
         "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
         "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
     )
     _openssl(directory, "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey",
              "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "1",

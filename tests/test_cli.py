@@ -61,7 +61,12 @@ def test_version(capsys):
 def test_usage_errors_exit_2_and_say_what_was_wrong(capsys, argv):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "usage: python -m admitgate" in err and "frob" in err
+    assert "frob" in err
+    if argv[0] == "demo":  # a command's own parser: one line, naming the command
+        assert err.startswith("python -m admitgate demo: error: unrecognized arguments: --frob")
+        assert len(err.strip().splitlines()) == 1, err
+    else:
+        assert "usage: python -m admitgate" in err
 
 
 def test_the_demo_ends_with_a_two_line_reading_of_its_own_figures():
@@ -112,3 +117,68 @@ def test_bench_help_outside_a_checkout_says_where_it_runs_and_exits_0(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m admitgate bench ")
     assert "source checkout" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--noisy-burst", "-5"], "argument --noisy-burst: must be an integer from 1 to 10000"),
+        (["--quiet-tenants", "0"], "argument --quiet-tenants: must be an integer from 1 to"),
+        (["--quiet-turns", "0"], "argument --quiet-turns: must be an integer from 1 to 100"),
+        (["--noisy-burst", "ten"], "argument --noisy-burst: must be an integer, got 'ten'"),
+    ],
+)
+def test_demo_refuses_counts_that_make_no_demo_in_one_line(capsys, argv, message):
+    """Issue 27: `--noisy-burst -5` and `--quiet-tenants 0` printed a nonsense summary."""
+    assert main(["demo", *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    assert "admitgate demo:" not in captured.out  # nothing ran
+
+
+def _run_cli(*argv: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    code = f"import sys\n{prelude}\nfrom admitgate.__main__ import main\nsys.exit(main({list(argv)!r}))"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_simulate_png_without_matplotlib_says_so_before_running(tmp_path):
+    """Issue 27: exit 1 with no message (`__main__` swallowed the SystemExit's text)."""
+    done = _run_cli(
+        "simulate",
+        "--png",
+        str(tmp_path / "x.png"),
+        prelude="sys.modules['matplotlib'] = None  # as if it were not installed",
+    )
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == (
+        "python -m admitgate simulate: error: --png needs matplotlib: "
+        "pip install 'admitgate[simulate]'"
+    )
+    assert "goodput" not in done.stdout  # refused before the run
+
+
+def test_simulate_png_into_a_missing_folder_is_refused_before_the_run(tmp_path):
+    """Issue 27: the whole simulation ran, then a traceback."""
+    target = tmp_path / "nonexistent" / "dir" / "x.png"
+    done = _run_cli("simulate", "--png", str(target))
+    assert done.returncode == 2, done
+    assert done.stderr.strip().startswith("python -m admitgate simulate: error: --png: no such")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "goodput" not in done.stdout
+
+
+def test_a_commands_systemexit_text_is_printed_not_swallowed(capsys, monkeypatch):
+    def says_why(argv: list[str]) -> int:
+        raise SystemExit("this is why")
+
+    monkeypatch.setitem(COMMANDS, "demo", ("", says_why))
+    assert main(["demo"]) == 1
+    assert capsys.readouterr().err == "this is why\n"

@@ -740,6 +740,27 @@ def test_cli_invalid_config_exits_2_with_the_message():
     ]
 
 
+def test_cli_shows_a_misspelt_key_beside_the_errors_of_an_invalid_file(tmp_path):
+    """Issue 27: check-config hid the misspelt-key warning while other errors existed, though
+    the misspelling may be what the user needs to see (here: why the ceiling is unset)."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text("gateway:\n  max_concurent_runs: 8\n  queue_depth: -1\n")
+    run = _cli(str(path))
+    assert run.returncode == 2 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert lines[0].startswith(f"check-config: {path}:3: gateway.queue_depth = -1")
+    assert lines[1] == (
+        "check-config: warning [unknown-key] gateway.max_concurent_runs (line 2) is not a "
+        "setting praisonai-bot reads, so it is ignored; did you mean max_concurrent_runs?"
+    )
+    report = json.loads(_cli(str(path), "--json").stdout)
+    assert report["valid"] is False
+    assert [(w["code"], w["keys"]) for w in report["warnings"]] == [
+        ("unknown-key", ["max_concurrent_runs"])
+    ]
+    assert "warning" not in _cli(str(path), "--ignore", "unknown-key").stderr
+
+
 def test_cli_unreadable_file_exits_3(tmp_path):
     run = _cli(str(tmp_path / "missing.yaml"))
     assert run.returncode == 3

@@ -169,10 +169,13 @@ def test_a_callers_own_wait_for_counts_as_cancelled_not_timeout():
         gate = admitgate.build_admission_gate(max_concurrent_runs=1, queue_depth=5)
         holder = Turn(gate)
         await settle()
-        with pytest.raises(asyncio.TimeoutError):
-            async with asyncio.timeout(0.02):
-                async with gate.admit():
-                    pass
+
+        async def enter() -> None:
+            async with gate.admit():
+                pass
+
+        with pytest.raises(asyncio.TimeoutError):  # asyncio.timeout() is 3.11+
+            await asyncio.wait_for(enter(), 0.02)
         assert (gate.cancelled, gate.rejected) == (1, 0)
         holder.release.set()
         await settle()

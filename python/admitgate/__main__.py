@@ -128,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args.options)
     except SystemExit as exit_:  # the command's own parser: its --help or a usage error
-        return exit_.code if isinstance(exit_.code, int) else 1 if exit_.code else 0
+        if isinstance(exit_.code, int):
+            return exit_.code
+        if exit_.code:  # SystemExit("message"): Python prints it and exits 1; so do we
+            print(exit_.code, file=sys.stderr)
+            return 1
+        return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ simulated with sleeps, so the demo needs no network and no model.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -17,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from . import AdmissionRejected, build_admission_gate
+from ._cli import OneLineParser, integer
 
 
 @dataclass
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None, out=None) -> dict:
     """Run the demo; returns the final stats and per-tenant figures."""
     import sys
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m admitgate demo",
         description="A simulated multi-tenant burst through a production-shaped gate: one noisy "
         "tenant bursts far more turns than its share while quiet tenants chat normally. The gate "
@@ -155,15 +155,24 @@ def main(argv: list[str] | None = None, out=None) -> dict:
     parser.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     parser.add_argument(
         "--noisy-burst",
-        type=int,
+        type=integer(1, 10_000),
         default=150,
-        help="turns the noisy tenant sends at once (default 150)",
+        metavar="N",
+        help="turns the noisy tenant sends at once, 1 to 10000 (default 150)",
     )
     parser.add_argument(
-        "--quiet-tenants", type=int, default=12, help="how many quiet tenants (default 12)"
+        "--quiet-tenants",
+        type=integer(1, 1_000),
+        default=12,
+        metavar="N",
+        help="how many quiet tenants, 1 to 1000 (default 12)",
     )
     parser.add_argument(
-        "--quiet-turns", type=int, default=5, help="turns each quiet tenant sends (default 5)"
+        "--quiet-turns",
+        type=integer(1, 100),
+        default=5,
+        metavar="N",
+        help="turns each quiet tenant sends, 1 to 100 (default 5)",
     )
     args = parser.parse_args(argv)
     print(

@@ -9,19 +9,39 @@ who leave after ``--patience`` seconds, offered ``--load`` times what the provid
 serve. Prints goodput (turns answered to a client still waiting, over the most the provider
 could serve), p99 latency, provider 429s, busy acks and the ceiling at the end of each
 capacity phase; ``--png`` draws goodput and the ceiling over time (``admitgate[simulate]``).
+
+A run's time and memory are bounded whatever the flags: the simulated arrivals
+(``--load`` x the first capacity / ``--service-ms`` x ``--duration``) may be at most
+:data:`MAX_ARRIVALS` per gate compared, and every flag has a range; a flag out of its range,
+or a run that would simulate more, exits 2 with one line naming the flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import _admitgate
+from ._cli import OneLineParser, integer
 
 DEFAULT_UPPER_BOUND = 64
+#: The most arrivals one gate's run may simulate (each costs a few events and about 80 bytes
+#: until the run ends): a run of three gates at the bound took 33 s and 70 MB with a debug
+#: build on a loaded 2-core host.
+MAX_ARRIVALS = 500_000
+#: The longest simulated run, in seconds of virtual time (a timeline point per 250 ms).
+MAX_DURATION_S = 3_600.0
+#: The longest simulated run, and the longest of any other time flag, in seconds.
+MAX_SECONDS = 86_400.0
+#: The largest count the gate takes (``max_concurrent_runs``, ``queue_depth``).
+MAX_COUNT = 2**31 - 1
+#: The widest log-normal spread of service times: beyond it the mean lies in calls longer
+#: than any run, and the served ones are so short that goodput means nothing.
+MAX_SIGMA = 2.0
 
 
 def _capacity(text: str) -> list[tuple[float, int]]:
@@ -36,10 +56,16 @@ def _capacity(text: str) -> list[tuple[float, int]]:
             raise argparse.ArgumentTypeError(
                 f"--capacity must look like 8 or 8,4@10,16@20, got {text!r}"
             ) from None
-        if capacity < 1 or not math.isfinite(start) or start < 0 or (i > 0) != bool(at):
+        if (
+            not 1 <= capacity <= MAX_COUNT
+            or not math.isfinite(start)
+            or not 0 <= start <= MAX_SECONDS
+            or (i > 0) != bool(at)
+        ):
             raise argparse.ArgumentTypeError(
-                f"--capacity must look like 8 or 8,4@10,16@20 (capacities >= 1, the first "
-                f"without @, each change with @seconds), got {text!r}"
+                f"--capacity must look like 8 or 8,4@10,16@20 (capacities from 1 to "
+                f"{MAX_COUNT}, the first without @, each change with @seconds up to "
+                f"{MAX_SECONDS:g}), got {text!r}"
             )
         if phases and start <= phases[-1][0]:
             raise argparse.ArgumentTypeError(
@@ -49,7 +75,9 @@ def _capacity(text: str) -> list[tuple[float, int]]:
     return phases
 
 
-def _positive(kind: type) -> Any:
+def _positive(kind: type, most: float = MAX_SECONDS) -> Any:
+    """A number > 0 and <= ``most``."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -57,21 +85,36 @@ def _positive(kind: type) -> Any:
             value = None
         if value is None or not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {text!r}")
         return value
 
     return parse
 
 
+def _sigma(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= MAX_SIGMA):
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to {MAX_SIGMA:g}, got {text!r}")
+    return value
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog,
         description=__doc__.split("\n\n")[1] if __doc__ else None,
+        epilog=f"A run simulates at most {MAX_ARRIVALS:,} arrivals per gate (--load x the first "
+        "capacity / --service-ms x --duration), so its time and memory are bounded; a run that "
+        "would simulate more, or a flag out of its range, exits 2 naming it.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     yours = parser.add_argument_group("your gate (a gateway YAML, or flags; flags win)")
     yours.add_argument("--config", metavar="GATEWAY_YAML", help="read the admission settings")
-    yours.add_argument("--max-concurrent-runs", type=int, metavar="N")
-    yours.add_argument("--queue-depth", type=int, metavar="N")
+    yours.add_argument("--max-concurrent-runs", type=integer(0, MAX_COUNT), metavar="N")
+    yours.add_argument("--queue-depth", type=integer(0, MAX_COUNT), metavar="N")
     yours.add_argument("--overflow-policy", choices=("reject", "queue", "shed_oldest"))
     yours.add_argument("--queue-timeout-s", type=_positive(float), metavar="S")
     provider = parser.add_argument_group("the provider and its clients")
@@ -82,22 +125,31 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="SPEC",
         help="concurrent calls it serves, with changes: 8, or 8,4@10,16@20 (default 8)",
     )
-    provider.add_argument("--service-ms", type=_positive(float), default=50.0)
     provider.add_argument(
-        "--service-sigma", type=float, default=0.25, help="log-normal spread (default 0.25)"
+        "--service-ms", type=_positive(float, MAX_SECONDS * 1000), default=50.0, metavar="MS"
+    )
+    provider.add_argument(
+        "--service-sigma",
+        type=_sigma,
+        default=0.25,
+        metavar="S",
+        help=f"log-normal spread, 0 to {MAX_SIGMA:g} (default 0.25)",
     )
     provider.add_argument(
         "--patience", type=_positive(float), default=0.5, metavar="S", help="default 0.5"
     )
     provider.add_argument(
-        "--load", type=_positive(float), default=10.0, help="x what it serves (default 10)"
+        "--load",
+        type=_positive(float, math.inf),
+        default=10.0,
+        help="x what it serves (default 10)",
     )
     provider.add_argument(
         "--deadlines", action="store_true", help="clients send admit(deadline_s=patience)"
     )
     run = parser.add_argument_group("the run")
-    run.add_argument("--duration", type=_positive(float), default=30.0, metavar="S")
-    run.add_argument("--seed", type=int, default=17)
+    run.add_argument("--duration", type=_positive(float, MAX_DURATION_S), default=30.0, metavar="S")
+    run.add_argument("--seed", type=integer(0, 2**64 - 1), default=17, metavar="N")
     run.add_argument(
         "--baselines",
         action="store_true",
@@ -122,12 +174,14 @@ def _your_gate(args: argparse.Namespace) -> dict[str, Any]:
             queue_depth=loaded.queue_depth,
             overflow_policy=loaded.overflow_policy,
         )
+        for name in ("max_concurrent_runs", "queue_depth"):
+            if not 0 <= settings[name] <= MAX_COUNT:  # the flags' own range, checked by argparse
+                raise ValueError(
+                    f"{name} in {args.config} must be from 0 to {MAX_COUNT}, got {settings[name]}"
+                )
     for name in ("max_concurrent_runs", "queue_depth", "overflow_policy"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
-    for name in ("max_concurrent_runs", "queue_depth"):
-        if settings[name] < 0:
-            raise ValueError(f"{name} must be >= 0, got {settings[name]}")
     ceiling = settings["max_concurrent_runs"]
     return {
         "name": f"yours (max {ceiling}, queue {settings['queue_depth']})"
@@ -189,40 +243,141 @@ def table(reports: list[dict[str, Any]], physical_per_s: float) -> str:
     return "\n".join(lines)
 
 
-def _png(path: str, reports: list[dict[str, Any]], title: str) -> None:
+def _png_ready(path: str) -> str | None:
+    """Why ``--png PATH`` cannot be written (checked before the run), or None."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
-        raise SystemExit("--png needs matplotlib: pip install 'admitgate[simulate]'") from None
-    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    for r in reports:
-        times = [p[0] for p in r["timeline"]]
-        top.plot(times, [p[1] for p in r["timeline"]], label=r["gate"])
-        if any(p[2] for p in r["timeline"]):
-            bottom.step(times, [p[2] for p in r["timeline"]], where="post", label=r["gate"])
+        return "--png needs matplotlib: pip install 'admitgate[simulate]'"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"--png: no such folder {folder!r} (for {path!r})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--png: cannot write in {folder!r} (for {path!r})"
+    if os.path.isdir(path):
+        return f"--png: {path!r} is a folder"
+    return None
+
+
+#: One colour and line style per gate, the same in every panel (the first three: yours, the
+#: adaptive gate, no gate; then the baselines).
+_STYLES = [
+    ("tab:red", "-"),
+    ("tab:blue", "-"),
+    ("black", ":"),
+    ("tab:orange", "--"),
+    ("tab:green", "-."),
+    ("tab:purple", (0, (3, 1, 1, 1))),
+]
+
+
+def _smoothed(values: list[float], width: int) -> list[float]:
+    """A trailing mean over ``width`` points (the first ones over what there is)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= width:
+            total -= values[i - width]
+        out.append(total / min(i + 1, width))
+    return out
+
+
+def _png(path: str, reports: list[dict[str, Any]], title: str, service_s: float) -> None:
+    """Three panels over time, one colour per gate in each: goodput as a fraction of what the
+    provider could serve, the share of provider calls answered 429, and each ceiling against
+    the provider's capacity. The legend carries the table's figures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (good, throttled, ceiling) = plt.subplots(
+        3, 1, sharex=True, figsize=(10, 8.5), gridspec_kw={"height_ratios": [3, 2, 3]}
+    )
+    smooth = 4  # timeline points are 250 ms: a 1 s mean
     if reports:
         first = reports[0]["timeline"]
-        bottom.step(
-            [p[0] for p in first], [p[3] for p in first], "k--", where="post", label="capacity"
+        times = [p[0] for p in first]
+        ceiling.fill_between(
+            times,
+            [p[3] for p in first],
+            step="post",
+            color="0.88",
+            label="provider capacity",
+            zorder=0,
         )
-    top.set_ylabel("goodput (turns/s)")
-    bottom.set_ylabel("ceiling")
-    bottom.set_xlabel("seconds")
-    top.set_title(title)
-    top.legend(fontsize="small")
-    bottom.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path)
+        ceiling.step(times, [p[3] for p in first], where="post", color="0.55", lw=1, zorder=1)
+    good.axhline(1.0, color="0.55", lw=1, zorder=0)
+    widths = [4.5 - 1.0 * min(i, 3) for i in range(len(reports))]  # later ones drawn thinner
+    handles = []
+    for i, r in enumerate(reports):
+        colour, style = _STYLES[i % len(_STYLES)]
+        times = [p[0] for p in r["timeline"]]
+        fraction = [p[1] * service_s / p[3] if p[3] else 0.0 for p in r["timeline"]]
+        share = [100 * p[4] for p in r["timeline"]]
+        calls = max(r["provider_calls"], 1)
+        label = (
+            f"{r['gate']}: goodput {r['goodput']:.2f}, "
+            f"429s {100 * r['provider_429s'] / calls:.1f}% of calls"
+        )
+        kw = {"color": colour, "ls": style, "lw": widths[i], "alpha": 0.85, "zorder": 2 + i}
+        (line,) = good.plot(times, _smoothed(fraction, smooth), label=label, **kw)
+        handles.append(line)
+        throttled.plot(times, _smoothed(share, smooth), **kw)
+        if any(p[2] for p in r["timeline"]):
+            ceiling.step(times, [p[2] for p in r["timeline"]], where="post", **kw)
+    good.set_ylabel("goodput\n(fraction of capacity)")
+    good.set_ylim(0, 1.25)  # a capacity drop shows as a brief spike above 1: clipped
+    throttled.set_ylabel("provider 429s\n(% of its answers)")
+    throttled.set_ylim(0, 100)
+    ceiling.set_ylabel("ceiling\n(concurrent calls)")
+    ceiling.set_xlabel("seconds of simulated time (goodput and 429s: 1 s means)")
+    top = max(
+        [p[3] for r in reports[:1] for p in r["timeline"]]
+        + [p[2] for r in reports for p in r["timeline"]]
+        + [1]
+    )
+    ceiling.set_ylim(0, top * 1.15)
+    ceiling.legend(loc="upper left", fontsize="small")
+    good.set_title(title, fontsize="medium")
+    columns = 1 if len(handles) <= 3 else 2
+    rows = -(-len(handles) // columns)
+    legend_height = 0.03 * rows + 0.01
+    figure.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=columns,
+        fontsize="small",
+        frameon=False,
+    )
+    figure.tight_layout(rect=(0, legend_height, 1, 1))
+    figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def expected_arrivals(args: argparse.Namespace) -> float:
+    """About how many arrivals one gate's run simulates: the offered rate (``--load`` x the
+    first capacity / the service time) over ``--duration``."""
+    first_capacity = args.capacity[0][1]
+    return args.load * first_capacity / (args.service_ms / 1000) * args.duration
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate simulate") -> int:
     """Runs the comparison; exit code 2 for a usage or configuration error."""
     parser = _parser(prog)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    arrivals = expected_arrivals(args)
+    if arrivals > MAX_ARRIVALS:
+        parser.error(
+            f"--load {args.load:g} x capacity {args.capacity[0][1]} / --service-ms "
+            f"{args.service_ms:g} x --duration {args.duration:g} would simulate about "
+            f"{arrivals:.3g} arrivals per gate, more than {MAX_ARRIVALS:,}: lower --load, "
+            "--capacity or --duration, or raise --service-ms"
+        )
+    if args.png and (why := _png_ready(args.png)):
+        print(f"{prog}: error: {why}", file=sys.stderr)
+        return 2
     try:
         yours = _your_gate(args)
     except (OSError, ValueError, ImportError) as exc:
@@ -255,7 +410,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate sim
     print(f"the most the provider can serve: {physical:.1f} turns/s\n")
     print(table(reports, physical))
     if args.png:
-        _png(args.png, reports, title)
+        _png(args.png, reports, title, args.service_ms / 1000)
         print(f"\nwrote {args.png}")
     return 0
 

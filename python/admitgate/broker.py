@@ -34,7 +34,8 @@ __all__ = ["main", "serve"]
 def main(argv: Sequence[str] | None = None, *, prog: str = "admitgate-broker") -> int:
     """Runs the broker with ``argv`` (its flags, as ``--help`` lists them) until SIGTERM or
     SIGINT and the drain; returns the exit code: 0 after the drain, 0 for ``--help``, 2 for a
-    bad flag (with the binary's message on stderr). ``prog`` is the name usage and errors
+    bad flag (with the binary's message on stderr) or an address that cannot be bound (one
+    line). ``prog`` is the name usage and errors
     give the command."""
     args = list(sys.argv[1:] if argv is None else argv)
     # The broker's own usage and errors go straight to the process's stdout and stderr.
@@ -45,3 +46,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "admitgate-broker") -
     except KeyboardInterrupt:
         # SIGINT drained the broker, as it does the binary, which exits 0.
         return 0
+    except (OSError, ValueError) as exc:
+        # A port that cannot be bound (in use, not this host's) or a setting only the start
+        # can check (the fleet's URL or CA file): one line naming it, as for a bad flag.
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        for setting in ("listen", "metrics_listen"):  # named as the flag that was typed
+            if why.startswith(f"{setting} "):
+                why = f"--{setting.replace('_', '-')}{why[len(setting) :]}"
+        print(f"{prog}: error: {why}", file=sys.stderr)
+        return 2

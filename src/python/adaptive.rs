@@ -434,10 +434,10 @@ pub fn _simulate<'py>(
         d.set_item("left_queued", report.left_queued)?;
         d.set_item("left_running", report.left_running)?;
         d.set_item("phase_limits", report.phase_limits.clone())?;
-        let timeline: Vec<(f64, f64, u64, u64)> = report
+        let timeline: Vec<(f64, f64, u64, u64, f64)> = report
             .timeline
             .iter()
-            .map(|p| (p.at_s, p.goodput, p.limit, p.capacity))
+            .map(|p| (p.at_s, p.goodput, p.limit, p.capacity, p.throttled_share))
             .collect();
         d.set_item("timeline", timeline)?;
         out.append(d)?;

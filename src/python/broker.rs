@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use admitgate_broker::config::Naming;
 use admitgate_broker::{logging, Config, Error, Flags, Running};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
@@ -395,6 +396,7 @@ pub fn serve_broker(
             memory_hard_ratio: number("memory_hard_ratio", &memory_hard_ratio)?,
             memory_cgroup: path("memory_cgroup", &memory_cgroup)?,
             config: path("config", &config)?,
+            naming: Naming::Keywords, // messages name serve()'s keywords
         };
         let config = Config::resolve(flags).map_err(|e| PyValueError::new_err(e.to_string()))?;
         run(py, config)

@@ -123,6 +123,29 @@ pub struct Flags {
     /// A YAML file with any of these settings (keys as the flags, with `_`); flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// How the caller named these settings, for the messages about them.
+    #[arg(skip)]
+    pub naming: Naming,
+}
+
+/// How a message names a setting: as the caller typed it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Naming {
+    /// Command-line flags: `--max-in-flight`.
+    #[default]
+    Flags,
+    /// Keyword arguments (`admitgate.broker.serve(max_in_flight=...)`): `max_in_flight`.
+    Keywords,
+}
+
+/// The name of setting `field` in a message: the config file's key (and the file) when the
+/// value came from the file, else the flag or keyword as `naming` spells it.
+fn setting_name(field: &str, naming: Naming, from_file: Option<&std::path::Path>) -> String {
+    match (from_file, naming) {
+        (Some(path), _) => format!("{field} (in {})", path.display()),
+        (None, Naming::Flags) => format!("--{}", field.replace('_', "-")),
+        (None, Naming::Keywords) => field.to_owned(),
+    }
 }
 
 /// The YAML file's shape: the same settings as the flags.
@@ -236,6 +259,63 @@ fn err<T>(message: String) -> Result<T, ConfigError> {
     Err(ConfigError(message))
 }
 
+/// An unknown flag gets the closest real one as a tip (`--max-inflight`: `--max-in-flight`).
+/// clap's own suggestions need a crate this build does without; this is the same rule on the
+/// broker's few flags: the fewest single-character edits, at most a third of the name's length.
+fn suggest_a_flag(mut error: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if error.kind() != ErrorKind::UnknownArgument {
+        return error;
+    }
+    let Some(ContextValue::String(typed)) = error.get(ContextKind::InvalidArg) else {
+        return error;
+    };
+    let Some(typed) = typed.split('=').next().and_then(|t| t.strip_prefix("--")) else {
+        return error;
+    };
+    let command = Flags::command();
+    let best = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_long())
+        .map(|long| (edit_distance(typed, long), long))
+        .min();
+    if let Some((distance, long)) = best {
+        if distance.saturating_mul(3) <= long.len() {
+            error.insert(
+                ContextKind::SuggestedArg,
+                ContextValue::String(format!("--{long}")),
+            );
+        }
+    }
+    error
+}
+
+/// The Levenshtein distance between two short strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i.saturating_add(1)];
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = previous.get(j).copied().unwrap_or(usize::MAX);
+            let substitute = substitute.saturating_add(usize::from(ca != *cb));
+            let delete = previous
+                .get(j.saturating_add(1))
+                .copied()
+                .unwrap_or(usize::MAX);
+            let insert = current.last().copied().unwrap_or(usize::MAX);
+            current.push(
+                substitute
+                    .min(delete.saturating_add(1))
+                    .min(insert.saturating_add(1)),
+            );
+        }
+        previous = current;
+    }
+    previous.last().copied().unwrap_or(0)
+}
+
 fn seconds(name: &str, value: f64, allow_zero: bool) -> Result<Duration, ConfigError> {
     if !value.is_finite() || value < 0.0 || (!allow_zero && value == 0.0) || value > 86_400.0 {
         let range = if allow_zero { ">= 0" } else { "> 0" };
@@ -279,20 +359,18 @@ fn upstream(name: &str, value: &str) -> Result<Upstream, ConfigError> {
     Ok(Upstream { scheme, authority })
 }
 
-fn tenant_from(value: Option<&str>) -> Result<TenantFrom, ConfigError> {
+fn tenant_from(name: &str, value: Option<&str>) -> Result<TenantFrom, ConfigError> {
     match value {
         None | Some("") => Ok(TenantFrom::None),
         Some("path") => Ok(TenantFrom::Path),
         Some(other) => match other.strip_prefix("header:") {
-            Some(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
-                Ok(header) if !name.is_empty() => Ok(TenantFrom::Header(header)),
+            Some(header) => match http::HeaderName::from_bytes(header.as_bytes()) {
+                Ok(parsed) if !header.is_empty() => Ok(TenantFrom::Header(parsed)),
                 _ => err(format!(
-                    "tenant_from header name must be an HTTP header name, got {name:?}"
+                    "{name} header:NAME must be an HTTP header name, got {header:?}"
                 )),
             },
-            None => err(format!(
-                "tenant_from must be header:NAME or path, got {other:?}"
-            )),
+            None => err(format!("{name} must be header:NAME or path, got {other:?}")),
         },
     }
 }
@@ -304,7 +382,7 @@ impl Config {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let flags = Flags::try_parse_from(args)?;
+        let flags = Flags::try_parse_from(args).map_err(suggest_a_flag)?;
         Self::resolve(flags).map_err(|e| {
             clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
         })
@@ -330,12 +408,28 @@ impl Config {
                 flags.$field.clone().or(file.$field.clone())
             };
         }
+        // The setting as the user gave it: its flag (or keyword), or its key in the file.
+        macro_rules! name {
+            ($field:ident) => {
+                setting_name(
+                    stringify!($field),
+                    flags.naming,
+                    flags
+                        .config
+                        .as_deref()
+                        .filter(|_| flags.$field.is_none() && file.$field.is_some()),
+                )
+            };
+        }
         let upstream_text = pick!(upstream).ok_or_else(|| {
-            ConfigError("upstream is required (--upstream http://127.0.0.1:9000)".into())
+            ConfigError(format!(
+                "{} is required (the agent's address, e.g. http://127.0.0.1:9000)",
+                name!(upstream)
+            ))
         })?;
-        let main = upstream("upstream", &upstream_text)?;
+        let main = upstream(&name!(upstream), &upstream_text)?;
         let grpc = match pick!(grpc_upstream) {
-            Some(text) => upstream("grpc_upstream", &text)?,
+            Some(text) => upstream(&name!(grpc_upstream), &text)?,
             None => main.clone(),
         };
         let upstream_protocol = match pick!(upstream_protocol).as_deref() {
@@ -344,7 +438,8 @@ impl Config {
             Some("auto") => UpstreamProtocol::Auto,
             Some(other) => {
                 return err(format!(
-                    "upstream_protocol must be http1, h2 or auto, got {other:?}"
+                    "{} must be http1, h2 or auto, got {other:?}",
+                    name!(upstream_protocol)
                 ))
             }
         };
@@ -359,26 +454,38 @@ impl Config {
             &overflow_policy,
             per_tenant,
         ) {
-            let flag = match e.arg() {
-                "max_concurrent_runs" => "max_in_flight",
-                "max_concurrent_runs_per_scope" => "max_in_flight_per_tenant",
-                other => other,
+            let setting = match e.arg() {
+                "max_concurrent_runs" => name!(max_in_flight),
+                "max_concurrent_runs_per_scope" => name!(max_in_flight_per_tenant),
+                "queue_depth" => name!(queue_depth),
+                "overflow_policy" => name!(overflow_policy),
+                other => other.to_owned(),
             };
-            return err(e.to_string().replacen(e.arg(), flag, 1));
+            return err(e.to_string().replacen(e.arg(), &setting, 1));
         }
-        let tenant = tenant_from(pick!(tenant_from).as_deref())?;
+        let tenant = tenant_from(&name!(tenant_from), pick!(tenant_from).as_deref())?;
         if per_tenant > 0 && tenant == TenantFrom::None {
-            return err("max_in_flight_per_tenant needs tenant_from (header:NAME or path)".into());
+            return err(format!(
+                "{} needs {} (header:NAME or path)",
+                name!(max_in_flight_per_tenant),
+                name!(tenant_from)
+            ));
         }
         let gate_all = match pick!(gate_methods).as_deref() {
             None | Some("work") => false,
             Some("all") => true,
-            Some(other) => return err(format!("gate_methods must be work or all, got {other:?}")),
+            Some(other) => {
+                return err(format!(
+                    "{} must be work or all, got {other:?}",
+                    name!(gate_methods)
+                ))
+            }
         };
         let path_prefix = pick!(path_prefix).unwrap_or_default();
         if !path_prefix.is_empty() && !path_prefix.starts_with('/') {
             return err(format!(
-                "path_prefix must be \"\" or start with /, got {path_prefix:?}"
+                "{} must be \"\" or start with /, got {path_prefix:?}",
+                name!(path_prefix)
             ));
         }
         let jsonrpc_path = match pick!(jsonrpc_path) {
@@ -387,31 +494,42 @@ impl Config {
             Some(path) if path.starts_with('/') => Some(path),
             Some(path) => {
                 return err(format!(
-                    "jsonrpc_path must start with / (or be none), got {path:?}"
+                    "{} must start with / (or be none), got {path:?}",
+                    name!(jsonrpc_path)
                 ))
             }
         };
         let max_peek_bytes = pick!(max_peek_bytes).unwrap_or(65536);
         if !(1..=(1 << 31)).contains(&max_peek_bytes) {
             return err(format!(
-                "max_peek_bytes must be in 1..2147483648, got {max_peek_bytes}"
+                "{} must be in 1..2147483648, got {max_peek_bytes}",
+                name!(max_peek_bytes)
             ));
         }
         let fleet_on_error = pick!(fleet_on_error).unwrap_or_else(|| "local".into());
         if fleet_on_error != "local" && fleet_on_error != "reject" {
             return err(format!(
-                "fleet_on_error must be local or reject, got {fleet_on_error:?}"
+                "{} must be local or reject, got {fleet_on_error:?}",
+                name!(fleet_on_error)
             ));
         }
         let queue_timeout = match pick!(queue_timeout) {
-            Some(v) => Some(seconds("queue_timeout", v, false)?),
+            Some(v) => Some(seconds(&name!(queue_timeout), v, false)?),
             None => None,
         };
-        let soft = ratio("memory_soft_ratio", pick!(memory_soft_ratio).unwrap_or(0.0))?;
-        let hard = ratio("memory_hard_ratio", pick!(memory_hard_ratio).unwrap_or(0.0))?;
+        let soft = ratio(
+            &name!(memory_soft_ratio),
+            pick!(memory_soft_ratio).unwrap_or(0.0),
+        )?;
+        let hard = ratio(
+            &name!(memory_hard_ratio),
+            pick!(memory_hard_ratio).unwrap_or(0.0),
+        )?;
         if soft > 0.0 && hard > 0.0 && soft > hard {
             return err(format!(
-                "memory_soft_ratio ({soft}) must not exceed memory_hard_ratio ({hard})"
+                "{} ({soft}) must not exceed {} ({hard})",
+                name!(memory_soft_ratio),
+                name!(memory_hard_ratio)
             ));
         }
         Ok(Config {
@@ -434,14 +552,18 @@ impl Config {
             fleet_on_error,
             fleet_tls_ca_file: pick!(fleet_tls_ca_file),
             metrics_listen: pick!(metrics_listen),
-            drain_timeout: seconds("drain_timeout", pick!(drain_timeout).unwrap_or(15.0), true)?,
+            drain_timeout: seconds(
+                &name!(drain_timeout),
+                pick!(drain_timeout).unwrap_or(15.0),
+                true,
+            )?,
             first_bytes_timeout: seconds(
-                "first_bytes_timeout",
+                &name!(first_bytes_timeout),
                 pick!(first_bytes_timeout).unwrap_or(10.0),
                 false,
             )?,
             upstream_idle_timeout: seconds(
-                "upstream_idle_timeout",
+                &name!(upstream_idle_timeout),
                 pick!(upstream_idle_timeout).unwrap_or(0.5),
                 true,
             )?,
@@ -483,15 +605,21 @@ mod tests {
         let e = Config::from_args(["b", "--upstream", "https://x:1"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("upstream") && e.contains("https://x:1"), "{e}");
+        assert!(e.contains("--upstream") && e.contains("https://x:1"), "{e}");
         let e = Config::from_args(["b", "--upstream", "http://x:1", "--overflow-policy", "drop"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("overflow_policy") && e.contains("drop"), "{e}");
+        assert!(
+            e.contains("--overflow-policy must") && e.contains("drop"),
+            "{e}"
+        );
         let e = Config::from_args(["b", "--upstream", "http://x:1", "--upstream-protocol", "h3"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("upstream_protocol") && e.contains("h3"), "{e}");
+        assert!(
+            e.contains("--upstream-protocol must") && e.contains("h3"),
+            "{e}"
+        );
         let e = Config::from_args([
             "b",
             "--upstream",
@@ -501,6 +629,45 @@ mod tests {
         ])
         .unwrap_err()
         .to_string();
-        assert!(e.contains("tenant_from"), "{e}");
+        assert!(e.contains("--tenant-from"), "{e}");
+    }
+
+    /// Issue 27: messages named settings in snake_case (`max_in_flight must be >= 0`), not
+    /// as the user gave them, and `--max-inflight` got no suggestion.
+    #[test]
+    fn settings_are_named_as_given_flag_key_or_keyword() {
+        let e = Config::from_args(["b", "--upstream", "http://x:1", "--max-in-flight", "-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-in-flight must be >= 0, got -1"), "{e}");
+        let path =
+            std::env::temp_dir().join(format!("admitgate-names-{}.yaml", std::process::id()));
+        std::fs::write(&path, "upstream: http://127.0.0.1:9\nqueue_depth: -2\n").unwrap();
+        let e = Config::from_args(["b", "--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        let expected = format!("queue_depth (in {}) must be >= 0, got -2", path.display());
+        assert!(e.contains(&expected), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let keywords = Flags {
+            upstream: Some("http://x:1".into()),
+            max_in_flight: Some(-1),
+            naming: Naming::Keywords,
+            ..Flags::default()
+        };
+        let e = Config::resolve(keywords).unwrap_err().to_string();
+        assert!(e.starts_with("max_in_flight must be >= 0"), "{e}");
+        let e = Config::from_args(["b", "--max-inflight", "3"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tip: a similar argument exists: '--max-in-flight'"),
+            "{e}"
+        );
+        let e = Config::from_args(["b", "--frobnicate", "3"])
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("tip:"), "{e}");
+        assert_eq!(edit_distance("max-inflight", "max-in-flight"), 1);
     }
 }

@@ -65,6 +65,12 @@ use tokio::sync::watch;
 
 pub use config::{Config, Flags};
 
+/// The warning a broker started without a cap logs: with `max_in_flight` 0 (the default) it
+/// counts and classifies but refuses nothing.
+pub const NO_CAP_WARNING: &str = "no --max-in-flight (or max_in_flight in the config file) \
+     was set: this broker gates nothing, every request reaches the agent at once. Set \
+     --max-in-flight N to the number of runs the agent can take at once.";
+
 /// Builds the passage and the broker for `config` (on the current runtime).
 fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
     let limits = ConcurrencyLimit::new(
@@ -188,6 +194,14 @@ impl Bound {
             fields.push(("fleet", logging::text(&fleet.config().redacted_url())));
         }
         logging::line("info", "listening", &fields);
+        if broker.config.max_in_flight == 0 {
+            // The default gates nothing: say so where an operator looks, in plain words.
+            logging::line(
+                "warn",
+                "no_cap",
+                &[("message", logging::text(NO_CAP_WARNING))],
+            );
+        }
         Ok(Self {
             broker,
             listener,

@@ -10,6 +10,11 @@
 //! which gives a long estimate for a gate stuck on long turns and a short one for a gate that
 //! has only just filled up. At most one sample older than the window is kept, so the history
 //! is bounded (`WINDOW / SPACING + 1` samples).
+//!
+//! Before any turn has ended, nothing says how long turns take: the span since the first
+//! sample is only how long the gate has been full, microseconds at its first refusal. The hint
+//! is then at least [`RETRY_BEFORE_ANY_RELEASE`], a default that errs long: agent turns take
+//! seconds, and a client that honours a short hint is refused again by the same full gate.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -22,6 +27,8 @@ pub const SPACING: Duration = Duration::from_millis(250);
 pub const RETRY_MIN: Duration = Duration::from_secs(1);
 /// See [`RETRY_MIN`].
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// The least retry hint a client gets before any turn has ended (see the module's docs).
+pub const RETRY_BEFORE_ANY_RELEASE: Duration = Duration::from_secs(5);
 /// The retry hint for a turn refused under hard memory pressure: memory frees as turns end,
 /// which the release rate does not predict, so a fixed pause.
 pub const MEMORY_PRESSURE_RETRY: Duration = Duration::from_secs(5);
@@ -83,11 +90,17 @@ impl ReleaseRate {
         self.estimate(ahead, now, releases)
     }
 
-    /// [`ReleaseRate::estimate`] clamped to `[RETRY_MIN, RETRY_MAX]`: the hint a client gets.
+    /// [`ReleaseRate::estimate`] clamped to `[RETRY_MIN, RETRY_MAX]`: the hint a client gets;
+    /// before any turn has ended, at least [`RETRY_BEFORE_ANY_RELEASE`] (turns have lasted
+    /// at least the span seen so far, and nothing says how much longer).
     pub fn retry_after(&self, ahead: u64, now: Duration, releases: u64) -> Duration {
-        self.estimate(ahead, now, releases)
-            .unwrap_or(RETRY_MIN)
-            .clamp(RETRY_MIN, RETRY_MAX)
+        let estimate = self.estimate(ahead, now, releases).unwrap_or(RETRY_MIN);
+        let least = if releases == 0 {
+            RETRY_BEFORE_ANY_RELEASE
+        } else {
+            RETRY_MIN
+        };
+        estimate.max(least).clamp(RETRY_MIN, RETRY_MAX)
     }
 
     /// Forgets every sample.
@@ -132,7 +145,7 @@ mod tests {
     fn unknown_before_any_sample_and_spacing_is_kept() {
         let mut r = ReleaseRate::default();
         assert_eq!(r.estimate(3, secs(1.0), 0), None);
-        assert_eq!(r.retry_after(3, secs(1.0), 0), RETRY_MIN);
+        assert_eq!(r.retry_after(3, secs(1.0), 0), RETRY_BEFORE_ANY_RELEASE);
         r.observe(secs(1.0), 0);
         r.observe(secs(1.1), 5); // too close: ignored
         assert_eq!(r.samples.len(), 1);
@@ -148,8 +161,27 @@ mod tests {
         // Just filled up: the estimate is the microseconds since the sample, not a wait.
         assert!(r.estimate(0, secs(1.00001), 0).is_some());
         assert_eq!(r.expected_wait(0, secs(1.00001), 0), None);
-        assert_eq!(r.retry_after(0, secs(1.00001), 0), RETRY_MIN);
+        assert_eq!(r.retry_after(0, secs(1.00001), 0), RETRY_BEFORE_ANY_RELEASE);
         let est = r.expected_wait(4, secs(1.5), 5).unwrap();
         assert!((est.as_secs_f64() - 0.5).abs() < 1e-9, "{est:?}");
+    }
+
+    /// Issue 27: a gate whose turns take 3 s answered its first refusal "retry after 1 s", so
+    /// a client that honoured it was refused again.
+    #[test]
+    fn the_first_refusals_hint_errs_long_until_a_turn_has_ended() {
+        let mut r = ReleaseRate::default();
+        r.observe(secs(0.0), 0);
+        // Full for 1 ms, no turn ended: the default, not the microseconds seen.
+        assert_eq!(r.retry_after(0, secs(0.001), 0), RETRY_BEFORE_ANY_RELEASE);
+        // Full for 8 s with no turn ended: the turns take longer than the default says.
+        r.observe(secs(8.0), 0);
+        assert_eq!(r.retry_after(0, secs(8.0), 0), secs(8.0));
+        // One turn ended after 3 s (a second gate): the measured rate from then on.
+        let mut r = ReleaseRate::default();
+        r.observe(secs(0.0), 0);
+        r.observe(secs(3.0), 1);
+        assert_eq!(r.retry_after(0, secs(3.0), 1), secs(3.0));
+        assert_eq!(r.retry_after(1, secs(3.0), 1), secs(6.0));
     }
 }

@@ -12,9 +12,10 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .loader import load
-from .settings import SETTING_NAMES, ConfigError, ConfigProblem, show_value
+from .settings import SETTING_NAMES, ConfigError, ConfigProblem, ConfigWarning, show_value
 
 #: Exit codes of ``python -m admitgate check-config``.
 EXIT_OK = 0
@@ -66,9 +67,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     overrides = {name: getattr(args, name) for name in SETTING_NAMES}
 
-    def fail(code: int, kind: str, message: str, problems: Sequence[ConfigProblem] = ()) -> int:
+    def fail(
+        code: int,
+        kind: str,
+        message: str,
+        problems: Sequence[ConfigProblem] = (),
+        warnings: Sequence[ConfigWarning] = (),
+    ) -> int:
+        warnings = [w for w in warnings if w.code not in set(args.ignore or ())]
         if args.json:
-            report = {"path": args.path, "valid": False, "error": kind, "message": message}
+            report: dict[str, Any] = {
+                "path": args.path,
+                "valid": False,
+                "error": kind,
+                "message": message,
+            }
             report["problems"] = [
                 {
                     "key": p.key,
@@ -79,15 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 for p in problems
             ]
+            report["warnings"] = [
+                {"code": w.code, "message": w.message, "keys": list(w.keys)} for w in warnings
+            ]
             print(json.dumps(report, indent=2))
         else:
             print(f"check-config: {message}", file=sys.stderr)
+            for w in warnings:  # a misspelt key may be why a value is missing or wrong
+                print(f"check-config: warning [{w.code}] {w.message}", file=sys.stderr)
         return code
 
     try:
         settings = load(args.path, **overrides)
     except ConfigError as exc:
-        return fail(EXIT_INVALID, "invalid", str(exc), exc.problems)
+        return fail(EXIT_INVALID, "invalid", str(exc), exc.problems, exc.warnings)
     except OSError as exc:
         return fail(
             EXIT_UNREADABLE, "unreadable", f"cannot read {args.path}: {exc.strerror or exc}"

@@ -48,7 +48,7 @@ from .settings import (
     GateSettings,
     Setting,
 )
-from .warnings import find_warnings
+from .warnings import find_warnings, misspelt_keys
 
 _COUNTS = ("max_concurrent_runs", "queue_depth", "max_concurrent_runs_per_scope")
 _PROFILES = ("production", "default", "off")
@@ -264,7 +264,12 @@ def _resolve(path: str, doc: Document, found: Mapping[str, Found | None]) -> Gat
     profile = check.profile(found["reliability"])
     drain = check.drain(found["drain_timeout"])
     if check.problems:
-        raise ConfigError(path, "\n".join(p.describe(path) for p in check.problems), check.problems)
+        raise ConfigError(
+            path,
+            "\n".join(p.describe(path) for p in check.problems),
+            check.problems,
+            misspelt_keys(doc),
+        )
 
     def setting(name: str, value: Any, note: str = "") -> Setting:
         f = found[name]

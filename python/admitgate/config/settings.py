@@ -167,13 +167,22 @@ class ConfigError(ValueError):
     """The file is not a valid gateway config; ``problems`` lists every invalid value.
 
     ``path`` is the file; ``key`` and ``value`` are those of the first problem (``None``
-    when the file as a whole is invalid, e.g. not YAML or not a mapping).
+    when the file as a whole is invalid, e.g. not YAML or not a mapping); ``warnings`` are
+    those read from the file alone (``unknown-key``: a misspelt setting).
     """
 
-    def __init__(self, path: str, message: str, problems: Sequence[ConfigProblem] = ()):
+    def __init__(
+        self,
+        path: str,
+        message: str,
+        problems: Sequence[ConfigProblem] = (),
+        warnings: Sequence[ConfigWarning] = (),
+    ):
         super().__init__(message)
         self.path = path
         self.problems = tuple(problems)
+        #: The warnings the file alone shows (a misspelt key), which may explain a problem.
+        self.warnings = tuple(warnings)
         self.key = self.problems[0].key if self.problems else None
         self.value = self.problems[0].value if self.problems else None
 

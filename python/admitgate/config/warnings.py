@@ -45,6 +45,34 @@ def _written_name(block: Block, key: str) -> str:
     return key if block == "top" else f"gateway.{key}"
 
 
+def misspelt_keys(doc: Document) -> list[ConfigWarning]:
+    """``unknown-key``: keys praisonai-bot ignores that look like a setting. Read from the file
+    alone, so they are given with the errors of an invalid file too."""
+    out: list[ConfigWarning] = []
+    blocks: tuple[tuple[Block, dict[str, Any]], ...] = (("top", doc.data), ("gateway", doc.gateway))
+    for block, keys in blocks:
+        fuzzy_left = _MAX_FUZZY_CHECKS
+        for key in keys:
+            if not isinstance(key, str) or key in SETTING_NAMES or key in _KNOWN_KEYS:
+                continue
+            normal = key.strip().lower().replace("-", "_")
+            match = normal if normal in SETTING_NAMES else None
+            if match is None and fuzzy_left > 0:
+                fuzzy_left -= 1
+                close = difflib.get_close_matches(normal, SETTING_NAMES, n=1, cutoff=0.8)
+                match = close[0] if close else None
+            if match is not None:
+                out.append(
+                    ConfigWarning(
+                        "unknown-key",
+                        f"{_written_name(block, key)}{_at(doc.line(block, key))} is not a "
+                        f"setting praisonai-bot reads, so it is ignored; did you mean {match}?",
+                        (match,),
+                    )
+                )
+    return out
+
+
 def find_warnings(
     s: GateSettings, doc: Document, found: Mapping[str, Found | None]
 ) -> list[ConfigWarning]:
@@ -79,25 +107,7 @@ def find_warnings(
             "silently.",
             key,
         )
-    blocks: tuple[tuple[Block, dict[str, Any]], ...] = (("top", doc.data), ("gateway", doc.gateway))
-    for block, keys in blocks:
-        fuzzy_left = _MAX_FUZZY_CHECKS
-        for key in keys:
-            if not isinstance(key, str) or key in SETTING_NAMES or key in _KNOWN_KEYS:
-                continue
-            normal = key.strip().lower().replace("-", "_")
-            match = normal if normal in SETTING_NAMES else None
-            if match is None and fuzzy_left > 0:
-                fuzzy_left -= 1
-                close = difflib.get_close_matches(normal, SETTING_NAMES, n=1, cutoff=0.8)
-                match = close[0] if close else None
-            if match is not None:
-                warn(
-                    "unknown-key",
-                    f"{_written_name(block, key)}{_at(doc.line(block, key))} is not a setting "
-                    f"praisonai-bot reads, so it is ignored; did you mean {match}?",
-                    match,
-                )
+    out += misspelt_keys(doc)
     top_admission = [n for n in SETTING_NAMES if n in doc.data]
     if top_admission:
         warn(

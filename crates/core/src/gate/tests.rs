@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::retry::{MEMORY_PRESSURE_RETRY, RETRY_MIN};
+use crate::retry::{MEMORY_PRESSURE_RETRY, RETRY_BEFORE_ANY_RELEASE};
 
 use super::*;
 use crate::policy::ConcurrencyLimit;
@@ -84,7 +84,7 @@ fn ceiling_queue_and_fifo_handoff() {
     let (k2, w2) = queue(&g, "");
     assert_eq!(
         arrive(&g, "", Decision::Admit),
-        Arrival::Rejected(Rejection::QueueFull, Some(RETRY_MIN))
+        Arrival::Rejected(Rejection::QueueFull, Some(RETRY_BEFORE_ANY_RELEASE))
     );
     let s = stats(&g);
     assert_eq!(
@@ -149,7 +149,7 @@ fn shed_oldest_with_nobody_to_evict_rejects() {
     let _a = admit(&g, "");
     assert_eq!(
         arrive(&g, "", Decision::Admit),
-        Arrival::Rejected(Rejection::QueueFull, Some(RETRY_MIN))
+        Arrival::Rejected(Rejection::QueueFull, Some(RETRY_BEFORE_ANY_RELEASE))
     );
     assert_eq!(stats(&g).shed, 0);
 }

@@ -31,6 +31,8 @@ pub struct Point {
     pub limit: u64,
     /// The provider's capacity at the end of the step.
     pub capacity: u64,
+    /// The share of the provider's answers in the step that were 429s (0 with none).
+    pub throttled_share: f64,
 }
 
 /// What one candidate achieved in one scenario.
@@ -130,6 +132,8 @@ struct Sim<'a> {
     provider_active: u64,
     latencies: Vec<Duration>,
     served_in_step: u64,
+    answers_in_step: u64,
+    throttled_in_step: u64,
     report: Report,
 }
 
@@ -183,6 +187,8 @@ impl<'a> Sim<'a> {
             provider_active: 0,
             latencies: Vec::new(),
             served_in_step: 0,
+            answers_in_step: 0,
+            throttled_in_step: 0,
             report: Report {
                 candidate: candidate.name.clone(),
                 scenario: scenario.name.clone(),
@@ -388,6 +394,7 @@ impl<'a> Sim<'a> {
         let Turn::Running { accepted, .. } = c.turn else {
             return;
         };
+        self.answers_in_step = self.answers_in_step.saturating_add(1);
         if accepted {
             self.report.served = self.report.served.saturating_add(1);
             self.served_in_step = self.served_in_step.saturating_add(1);
@@ -395,6 +402,7 @@ impl<'a> Sim<'a> {
             self.end_turn(client, Outcome::Success);
         } else {
             self.report.throttled = self.report.throttled.saturating_add(1);
+            self.throttled_in_step = self.throttled_in_step.saturating_add(1);
             self.end_turn(client, Outcome::Throttled { retry_after: None });
         }
     }
@@ -441,8 +449,11 @@ impl<'a> Sim<'a> {
             goodput: self.served_in_step as f64 / TIMELINE_STEP.as_secs_f64(),
             limit: self.ceiling(),
             capacity,
+            throttled_share: self.throttled_in_step as f64 / self.answers_in_step.max(1) as f64,
         });
         self.served_in_step = 0;
+        self.answers_in_step = 0;
+        self.throttled_in_step = 0;
     }
 
     fn finish(mut self) -> Report {
