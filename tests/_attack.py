@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from a2a.helpers.proto_helpers import get_message_text
+from a2a.helpers.proto_helpers import get_message_text, new_task_from_user_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Part, Role
 
 #: The reasons a broker refusal may carry (``admitgate.REJECTION_REASONS``).
@@ -44,7 +45,9 @@ BROKER_ERRORS = {400, 408, 413, 502}
 
 
 class CountingExecutor(AgentExecutor):
-    """Counts executions; ``sleep <s>`` runs for ``s`` seconds, anything else answers at once."""
+    """Counts executions; ``sleep <s>`` answers a message after ``s`` seconds, ``task <s>``
+    creates a working task at once and completes it after ``s`` seconds (a stream's events
+    start at once), anything else answers at once."""
 
     def __init__(self) -> None:
         self.executions = 0
@@ -66,6 +69,17 @@ class CountingExecutor(AgentExecutor):
         self.peak = max(self.peak, self.running)
         try:
             command, _, arg = text.partition(" ")
+            if command == "task":
+                # A task that is working at once (a stream's first events), done later.
+                task = new_task_from_user_message(context.message)
+                task.id = context.task_id or task.id
+                task.context_id = context.context_id or task.context_id
+                await event_queue.enqueue_event(task)
+                updater = TaskUpdater(event_queue, task.id, task.context_id)
+                await updater.start_work()
+                await asyncio.sleep(float(arg))
+                await updater.complete()
+                return
             if command == "sleep":
                 await asyncio.sleep(float(arg))
             await event_queue.enqueue_event(
