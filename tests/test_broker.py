@@ -695,6 +695,82 @@ def test_memory_pressure_of_the_agent_container_refuses_work(env: Any, tmp_path:
     assert len(broker.events("memory_aware_admission_off")) == 1
 
 
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({"memory.max": "lots\n", "memory.current": "1\n"}, "memory.max is not a number"),
+        ({"memory.max": "1073741824\n"}, "no readable cgroup v2 memory.current"),
+    ],
+)
+def test_memory_aware_admission_that_cannot_run_says_so(
+    env: Any, tmp_path: Any, files: dict[str, str], why: str
+) -> None:
+    """Issue 22 item 5: an unparsable memory.max or a missing memory.current left
+    memory-aware admission off without the warning docs/broker.md promises. Seen failing
+    before the fix: no `memory_aware_admission_off` line."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--memory-hard-ratio",
+        "0.9",
+        "--memory-cgroup",
+        str(tmp_path),
+        metrics=False,
+    )
+    assert broker.stop() == 0
+    warnings = broker.events("memory_aware_admission_off")
+    assert len(warnings) == 1 and why in warnings[0]["why"], broker.lines
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    """Answers 200 and remembers each path it was asked for."""
+
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_the_readiness_probe_runs_only_when_readiness_is_served(env: Any) -> None:
+    """Issue 22 item 6: the probe sent the agent `GET /` at start and every idle second even
+    without --metrics-listen, when nothing reads its result. Now it runs only with /readyz,
+    and asks --readiness-path (by default the agent card, which an A2A agent serves without
+    side effects). Seen failing before the fix: the agent saw `GET /` without /readyz."""
+
+    class Handler(_Counting):
+        paths: list[str] = []
+
+    agent = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    upstream = f"http://127.0.0.1:{agent.server_address[1]}"
+    try:
+        silent = BrokerProcess(env.binary, "--upstream", upstream, metrics=False)
+        time.sleep(1.5)
+        assert silent.stop() == 0
+        assert Handler.paths == []
+        probing = BrokerProcess(env.binary, "--upstream", upstream)
+        wait_until(lambda: httpx.get(probing.metrics_url + "/readyz").status_code == 200)
+        assert probing.stop() == 0
+        assert set(Handler.paths) == {"/.well-known/agent-card.json"}
+        Handler.paths.clear()
+        custom = BrokerProcess(env.binary, "--upstream", upstream, "--readiness-path", "/healthz")
+        wait_until(lambda: httpx.get(custom.metrics_url + "/readyz").status_code == 200)
+        assert custom.stop() == 0
+        assert set(Handler.paths) == {"/healthz"}
+    finally:
+        agent.shutdown()
+        agent.server_close()
+
+
 def test_sigterm_right_after_start_up_still_drains(env: Any) -> None:
     """The signal handlers are in place before the broker says it listens. Fails before the
     fix: they were installed by a task that had not run yet, and SIGTERM killed the process
