@@ -287,7 +287,10 @@ def test_reads_cards_custom_routes_and_websockets_pass_while_saturated(env: Any)
     finish(env, (k1, a), (k2, b))
 
 
-def test_an_sse_stream_holds_its_slot_and_a_client_leaving_frees_it(env: Any) -> None:
+def test_an_sse_stream_holds_its_slot_even_after_its_client_leaves(env: Any) -> None:
+    """A stream holds its slot for its whole life; a client leaving mid-stream does not free
+    it while the agent still works (issue 22 item 7: the cap counts runs at the agent), only
+    the stream's end does."""
     async def main() -> None:
         k1, k2 = key(), key()
         async with httpx.AsyncClient(base_url=env.broker.url, timeout=20) as c:
@@ -310,16 +313,20 @@ def test_an_sse_stream_holds_its_slot_and_a_client_leaving_frees_it(env: Any) ->
                     assert env.broker.gauge("broker_gate_in_flight") == 2
                     refused = await c.post("/message:send", json=send_params("echo no"))
                     assert refused.status_code == 429
-            # Both clients left mid-stream while the agent still works: both slots are free.
+            # Both clients left mid-stream while the agent still works: both slots are held.
+            await asyncio.sleep(0.3)
+            assert env.broker.gauge('broker_inflight_requests{transport="jsonrpc"}') == 1
+            assert env.broker.gauge('broker_inflight_requests{transport="rest"}') == 1
+            assert not env.latches[k1].finished.is_set()
+            env.latches[k1].release()
+            env.latches[k2].release()
+            # The streams end at the agent: both slots are free.
             await asyncio.to_thread(
                 env.broker.wait_for, 'broker_inflight_requests{transport="jsonrpc"}', 0
             )
             await asyncio.to_thread(
                 env.broker.wait_for, 'broker_inflight_requests{transport="rest"}', 0
             )
-            assert not env.latches[k1].finished.is_set()
-            env.latches[k1].release()
-            env.latches[k2].release()
 
     asyncio.run(asyncio.wait_for(main(), 20))
 
@@ -347,10 +354,19 @@ async def _endless_sse(scope: Any, receive: Any, send: Any) -> None:
 
 def test_aborted_streams_leak_no_slot(env: Any) -> None:
     """1,000 gated SSE streams, each left by its client after its first bytes, 50 at a time:
-    every one is admitted and every slot comes back."""
+    every one is admitted and every slot comes back. (The streams never end, so the slots
+    are freed as their clients leave: --abandoned-response-timeout 0.)"""
     upstream = ServerThread()
     upstream.start(_endless_sse)
-    broker = BrokerProcess(env.binary, "--upstream", upstream.url, "--max-in-flight", "50")
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        upstream.url,
+        "--max-in-flight",
+        "50",
+        "--abandoned-response-timeout",
+        "0",
+    )
 
     async def one(c: httpx.AsyncClient) -> None:
         async with c.stream("POST", "/message:stream", json=send_params("x")) as stream:

@@ -376,7 +376,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && !self.abandoned_timeout.is_zero() {
             if let (Some(permit), Some(inner)) = (self.permit.take(), self.inner.take()) {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     let until = tokio::time::Instant::now()
