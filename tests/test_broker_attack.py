@@ -57,7 +57,9 @@ def env() -> Iterator[types.SimpleNamespace]:
     hc_executor = CountingExecutor()
     hc = HypercornThread()
     hc.start(build_sdk_app(hc_executor, hc.url))
-    common = ("--max-in-flight", "1", "--max-peek-bytes", str(PEEK))
+    # A short --first-bytes-timeout bounds the wait of a pipelined request hyper leaves
+    # unanswered after an upgrade was asked on the same connection (it is closed instead).
+    common = ("--max-in-flight", "1", "--max-peek-bytes", str(PEEK), "--first-bytes-timeout", "1")
     brokers = {
         "uvicorn": BrokerProcess(binary, "--upstream", uv.url, *common),
         # gRPC goes to --upstream over h2c (the default --grpc-upstream): hypercorn speaks it.
@@ -333,7 +335,7 @@ def _h2_send(url: str, plan: dict[str, Any]) -> list[Any]:
 
 
 @settings(
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
