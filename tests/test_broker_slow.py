@@ -28,6 +28,8 @@ import pytest
 from _a2a_app import ServerThread, build_sdk_app, jsonrpc, send_params
 from _attack import CountingExecutor, HypercornThread, raw_exchange, read_response, request_bytes
 from _broker import BrokerProcess, build_broker, wait_until
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -284,7 +286,159 @@ def test_slow_readers_do_not_stall_other_clients_on_the_shared_h2c_connection(en
         broker.stop()
 
 
-def _thread(target: Any) -> threading.Thread:
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread
+# -- the generated suite: slow and leaving clients ------------------------------------------------
+
+#: The suite's broker timeouts (seconds): short, so a run stays short.
+BODY_TIMEOUT = FIRST_BYTES_TIMEOUT = 1.0
+ABANDONED_TIMEOUT = 4.0
+CAP = 2
+
+
+@pytest.fixture(scope="module")
+def slow_broker(env: Any) -> Iterator[BrokerProcess]:
+    broker = _broker(
+        env,
+        "--max-in-flight",
+        str(CAP),
+        "--queue-depth",
+        "2",
+        "--request-body-timeout",
+        str(BODY_TIMEOUT),
+        "--first-bytes-timeout",
+        str(FIRST_BYTES_TIMEOUT),
+        "--abandoned-response-timeout",
+        str(ABANDONED_TIMEOUT),
+    )
+    yield broker
+    broker.stop()
+
+
+#: What one client does: the phase it stops in, and whether it then leaves or stalls there.
+PHASES = ["headers", "body", "waiting", "stream-head", "stream-body"]
+
+
+def _behave(broker: BrokerProcess, phase: str, leave: bool, cut: float) -> None:
+    """One client: a gated send (a streaming one for the stream phases) that stops in
+    ``phase`` (``cut`` places it within the headers or the body) and then leaves, or stalls
+    there until the broker's timeout or the agent's end."""
+    streaming = phase.startswith("stream")
+    request = _send(
+        "task 0.5" if streaming else "sleep 0.5",
+        rpc="SendStreamingMessage" if streaming else "SendMessage",
+        pad=300,
+    )
+    head_end = request.index(b"\r\n\r\n") + 4
+    with _connect(broker) as sock:
+        sock.settimeout(ABANDONED_TIMEOUT + 3)
+        if phase == "headers":
+            sock.sendall(request[: max(1, int(head_end * cut))])
+        elif phase == "body":
+            sock.sendall(request[: head_end + int((len(request) - head_end) * cut)])
+        else:
+            sock.sendall(request)
+        if leave:
+            time.sleep(0.05 + cut * 0.3)
+            return
+        if phase in ("headers", "body"):
+            # The broker ends it (408, or a close) within its timeout; it holds no slot.
+            started = time.monotonic()
+            try:
+                while sock.recv(65536):
+                    pass
+            except OSError:
+                pass
+            assert time.monotonic() - started < BODY_TIMEOUT + 2
+        elif phase == "stream-body":
+            # A slow reader: the head, then nothing read for a while, then the rest.
+            sock.recv(1024)
+            time.sleep(1.0)
+            while sock.recv(65536):
+                pass
+        else:
+            read_response(sock)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    clients=st.lists(
+        st.tuples(st.sampled_from(PHASES), st.booleans(), st.floats(0.05, 0.95)),
+        min_size=2,
+        max_size=4,
+    )
+)
+def test_slow_and_leaving_clients_hold_no_slot_past_their_timeouts(
+    env: Any, slow_broker: BrokerProcess, clients: list[tuple[str, bool, float]]
+) -> None:
+    """Generated: clients that stall or leave in their headers, their body, while queued or
+    running, after a stream's head or mid-stream (a slow reader), several at once.
+    Invariants, sampled while they run: the agent never runs more than the cap, and never
+    runs a request whose slot was freed (a slot is freed only when the agent's exchange has
+    ended); afterwards every slot comes back within the timeouts, and an honest client is
+    served at once (no stalled client held a slot or stalled it)."""
+    executor, broker = env.executor, slow_broker
+    wait_until(lambda: executor.running == 0, timeout=15)
+    broker.wait_for("broker_gate_in_flight", 0, timeout=ABANDONED_TIMEOUT + 5)
+    executor.reset()
+    violations: list[tuple[int, float]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            before = broker.gauge("broker_gate_in_flight")
+            running = executor.running
+            after = broker.gauge("broker_gate_in_flight")
+            if running > max(before, after):
+                violations.append((running, max(before, after)))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    threads = [
+        threading.Thread(target=_behave, args=(broker, *client), daemon=True) for client in clients
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(ABANDONED_TIMEOUT + 10)
+    wait_until(lambda: executor.running == 0, timeout=10)
+    broker.wait_for("broker_gate_in_flight", 0, timeout=ABANDONED_TIMEOUT + 2)
+    stop.set()
+    sampler.join(5)
+    assert not violations, (clients, violations)
+    assert executor.peak <= CAP, (clients, executor.peak)
+    honest = raw_exchange(broker.address, [_send("echo honest")], timeout=5)
+    assert honest.status == 200, (clients, honest)
+
+
+def test_stalled_bodies_cost_bounded_memory_and_are_closed_at_their_timeout(
+    env: Any, slow_broker: BrokerProcess
+) -> None:
+    """200 clients stalled mid-body: each costs the broker a bounded amount of memory (the
+    body buffered so far and its connection; measured about 26 KiB each on the debug
+    build), none holds a slot, and every one is answered 408 and closed within the body
+    timeout."""
+
+    def rss() -> int:
+        with open(f"/proc/{slow_broker.process.pid}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+
+    request = _send("echo stalled", pad=2000)
+    cut = request.index(b"\r\n\r\n") + 4 + 1000
+    before = rss()
+    stalled = [_connect(slow_broker) for _ in range(200)]
+    for sock in stalled:
+        sock.sendall(request[:cut])
+    time.sleep(0.5)
+    grown_kib = rss() - before
+    assert slow_broker.gauge("broker_gate_in_flight") == 0
+    assert grown_kib / 200 < 128, grown_kib
+    started = time.monotonic()
+    for sock in stalled:
+        assert read_response(sock).status == 408
+        sock.close()
+    assert time.monotonic() - started < BODY_TIMEOUT + 2
