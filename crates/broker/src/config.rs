@@ -563,4 +563,45 @@ mod tests {
         .to_string();
         assert!(e.contains("tenant_from"), "{e}");
     }
+
+    #[test]
+    fn the_body_response_and_readiness_settings_have_defaults_and_name_bad_values() {
+        let c =
+            Config::from_args(["b", "--upstream", "http://x:1", "--path-prefix", "/a2a"]).unwrap();
+        assert_eq!(c.request_body_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_buffered_body, 1 << 20);
+        assert_eq!(c.abandoned_response_timeout, Duration::from_secs(60));
+        assert_eq!(c.readiness_path, "/a2a/.well-known/agent-card.json");
+        let c = Config::from_args([
+            "b",
+            "--upstream",
+            "http://x:1",
+            "--abandoned-response-timeout",
+            "0",
+            "--readiness-path",
+            "/healthz",
+        ])
+        .unwrap();
+        assert_eq!(c.abandoned_response_timeout, Duration::ZERO);
+        assert_eq!(c.readiness_path, "/healthz");
+        for (flag, value, named) in [
+            ("--request-body-timeout", "0", "request_body_timeout"),
+            ("--request-body-timeout", "NaN", "request_body_timeout"),
+            (
+                "--abandoned-response-timeout",
+                "-1",
+                "abandoned_response_timeout",
+            ),
+            ("--max-buffered-body", "0", "max_buffered_body"),
+            ("--readiness-path", "healthz", "readiness_path"),
+        ] {
+            let e = Config::from_args(["b", "--upstream", "http://x:1", flag, value])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(named) && e.contains(value),
+                "{flag} {value}: {e}"
+            );
+        }
+    }
 }
