@@ -114,7 +114,7 @@ def test_a_client_that_leaves_keeps_its_slot_until_the_agent_has_answered(env: A
     try:
         for _ in range(5):
             with _connect(broker) as sock:
-                sock.sendall(_send("sleep 2.5"))
+                sock.sendall(_send("sleep 4"))
                 time.sleep(0.3)
         # The first still runs and still holds the slot; the others were refused.
         assert executor.running == 1
@@ -136,7 +136,7 @@ def test_an_abandoned_stream_holds_its_slot_until_it_ends(env: Any) -> None:
     broker = _broker(env, "--max-in-flight", "1")
     try:
         with _connect(broker) as sock:
-            sock.sendall(_send("task 1.2", rpc="SendStreamingMessage"))
+            sock.sendall(_send("task 2", rpc="SendStreamingMessage"))
             head = sock.recv(65536)
             assert head.startswith(b"HTTP/1.1 200"), head[:100]
         time.sleep(0.3)
