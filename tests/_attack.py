@@ -47,7 +47,8 @@ BROKER_ERRORS = {400, 408, 413, 502}
 class CountingExecutor(AgentExecutor):
     """Counts executions; ``sleep <s>`` answers a message after ``s`` seconds, ``task <s>``
     creates a working task at once and completes it after ``s`` seconds (a stream's events
-    start at once), anything else answers at once."""
+    start at once), ``big <n>`` answers ``n`` bytes of text, anything else answers at
+    once."""
 
     def __init__(self) -> None:
         self.executions = 0
@@ -82,6 +83,8 @@ class CountingExecutor(AgentExecutor):
                 return
             if command == "sleep":
                 await asyncio.sleep(float(arg))
+            if command == "big":
+                text = "x" * int(arg)
             await event_queue.enqueue_event(
                 Message(
                     role=Role.ROLE_AGENT,

@@ -291,6 +291,7 @@ def test_an_sse_stream_holds_its_slot_even_after_its_client_leaves(env: Any) -> 
     """A stream holds its slot for its whole life; a client leaving mid-stream does not free
     it while the agent still works (issue 22 item 7: the cap counts runs at the agent), only
     the stream's end does."""
+
     async def main() -> None:
         k1, k2 = key(), key()
         async with httpx.AsyncClient(base_url=env.broker.url, timeout=20) as c:

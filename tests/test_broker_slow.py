@@ -235,6 +235,34 @@ def test_clients_sending_their_body_slowly_hold_no_slot(env: Any) -> None:
         broker.stop()
 
 
+def test_a_client_that_stops_reading_holds_its_slot_no_longer_than_the_send_timeout(
+    env: Any,
+) -> None:
+    """A slow reader: a client that sends a gated request and then reads nothing of its
+    8 MiB answer used to hold its slot for as long as it kept its socket open. Now a client
+    that accepts no bytes for --send-timeout is closed (nginx's send_timeout), and its
+    request is treated as abandoned: the rest of the answer is read and discarded, and the
+    slot is freed when it ends. Seen failing before the fix: the slot stayed held."""
+    executor = env.executor
+    wait_until(lambda: executor.running == 0, timeout=15)
+    broker = _broker(env, "--max-in-flight", "1", "--send-timeout", "1")
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        host, port = broker.address.rsplit(":", 1)
+        sock.connect((host, int(port)))
+        sock.sendall(_send(f"big {8 * 1024 * 1024}"))
+        broker.wait_for("broker_gate_in_flight", 1)
+        stalled = time.monotonic()
+        broker.wait_for("broker_gate_in_flight", 0, timeout=10)
+        assert time.monotonic() - stalled < 6
+        honest = raw_exchange(broker.address, [_send("echo honest")], timeout=10)
+        assert honest.status == 200
+        sock.close()
+    finally:
+        broker.stop()
+
+
 # -- item 3: h2c upstream ------------------------------------------------------------------------
 
 
@@ -308,6 +336,8 @@ def slow_broker(env: Any) -> Iterator[BrokerProcess]:
         str(FIRST_BYTES_TIMEOUT),
         "--abandoned-response-timeout",
         str(ABANDONED_TIMEOUT),
+        "--send-timeout",
+        "2",
     )
     yield broker
     broker.stop()

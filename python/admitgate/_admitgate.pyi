@@ -681,6 +681,7 @@ def serve_broker(
     request_body_timeout: float | None = None,
     max_buffered_body: int | None = None,
     abandoned_response_timeout: float | None = None,
+    send_timeout: float | None = None,
     readiness_path: str | None = None,
     config: str | os.PathLike[str] | None = None,
 ) -> None:

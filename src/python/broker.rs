@@ -330,6 +330,7 @@ fn wait_for_the_end(py: Python<'_>, running: &mut Running, requested: &AtomicBoo
     request_body_timeout=None,
     max_buffered_body=None,
     abandoned_response_timeout=None,
+    send_timeout=None,
     readiness_path=None,
     config=None,
 ))]
@@ -368,6 +369,7 @@ pub fn serve_broker(
     request_body_timeout: Option<Bound<'_, PyAny>>,
     max_buffered_body: Option<Bound<'_, PyAny>>,
     abandoned_response_timeout: Option<Bound<'_, PyAny>>,
+    send_timeout: Option<Bound<'_, PyAny>>,
     readiness_path: Option<Bound<'_, PyAny>>,
     config: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
@@ -408,6 +410,7 @@ pub fn serve_broker(
                 "abandoned_response_timeout",
                 &abandoned_response_timeout,
             )?,
+            send_timeout: number("send_timeout", &send_timeout)?,
             readiness_path: text("readiness_path", &readiness_path)?,
             config: path("config", &config)?,
         };

@@ -137,6 +137,11 @@ pub struct Flags {
     /// Default 60.
     #[arg(long, value_name = "SECONDS")]
     pub abandoned_response_timeout: Option<f64>,
+    /// Seconds a client may accept none of the bytes the broker has for it (its response, on
+    /// a socket whose buffers are full) before its connection is closed (nginx's
+    /// send_timeout). Its request is then treated as one whose client left. Default 60.
+    #[arg(long, value_name = "SECONDS")]
+    pub send_timeout: Option<f64>,
     /// The path the readiness probe asks the agent for (`GET`; any answer counts), only
     /// when /readyz is served (--metrics-listen). Default the A2A agent card,
     /// /.well-known/agent-card.json below --path-prefix.
@@ -180,6 +185,7 @@ struct FileSettings {
     request_body_timeout: Option<f64>,
     max_buffered_body: Option<usize>,
     abandoned_response_timeout: Option<f64>,
+    send_timeout: Option<f64>,
     readiness_path: Option<String>,
 }
 
@@ -246,6 +252,7 @@ pub struct Config {
     pub request_body_timeout: Duration,
     pub max_buffered_body: usize,
     pub abandoned_response_timeout: Duration,
+    pub send_timeout: Duration,
     pub readiness_path: String,
 }
 
@@ -508,6 +515,7 @@ impl Config {
                 pick!(abandoned_response_timeout).unwrap_or(60.0),
                 true,
             )?,
+            send_timeout: seconds("send_timeout", pick!(send_timeout).unwrap_or(60.0), false)?,
             readiness_path,
         })
     }
@@ -571,6 +579,7 @@ mod tests {
         assert_eq!(c.request_body_timeout, Duration::from_secs(30));
         assert_eq!(c.max_buffered_body, 1 << 20);
         assert_eq!(c.abandoned_response_timeout, Duration::from_secs(60));
+        assert_eq!(c.send_timeout, Duration::from_secs(60));
         assert_eq!(c.readiness_path, "/a2a/.well-known/agent-card.json");
         let c = Config::from_args([
             "b",
@@ -593,6 +602,7 @@ mod tests {
                 "abandoned_response_timeout",
             ),
             ("--max-buffered-body", "0", "max_buffered_body"),
+            ("--send-timeout", "0", "send_timeout"),
             ("--readiness-path", "healthz", "readiness_path"),
         ] {
             let e = Config::from_args(["b", "--upstream", "http://x:1", flag, value])
