@@ -263,6 +263,60 @@ def test_a_client_that_stops_reading_holds_its_slot_no_longer_than_the_send_time
         broker.stop()
 
 
+def test_an_h2_client_that_grants_no_window_holds_its_slot_no_longer_than_the_send_timeout(
+    env: Any,
+) -> None:
+    """The same slow reader over HTTP/2: it reads its socket but never grants its stream more
+    flow-control window than the initial 64 KiB, so the broker's writes never block and only
+    the response stops moving. Past --send-timeout without the client asking for more, the
+    request is treated as abandoned (its answer read on and discarded, the slot freed when it
+    ends). Seen failing before the fix: the slot stayed held."""
+    import h2.config
+    import h2.connection
+
+    executor = env.executor
+    wait_until(lambda: executor.running == 0, timeout=15)
+    broker = _broker(env, "--max-in-flight", "1", "--send-timeout", "1")
+    try:
+        body = json.dumps(jsonrpc("SendMessage", send_params(f"big {4 * 1024 * 1024}"))).encode()
+        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        connection.initiate_connection()
+        connection.send_headers(
+            1,
+            [
+                (":method", "POST"),
+                (":path", "/"),
+                (":scheme", "http"),
+                (":authority", "agent"),
+                ("content-type", "application/json"),
+                ("a2a-version", "1.0"),
+                ("content-length", str(len(body))),
+            ],
+        )
+        connection.send_data(1, body, end_stream=True)
+        with _connect(broker) as sock:
+            sock.sendall(connection.data_to_send())
+            sock.settimeout(0.2)
+            broker.wait_for("broker_gate_in_flight", 1)
+            deadline = time.monotonic() + 10
+            freed = None
+            while time.monotonic() < deadline:
+                try:
+                    data = sock.recv(65536)  # read (and answer pings), but grant no window
+                except TimeoutError:
+                    data = b""
+                if data:
+                    connection.receive_data(data)
+                    sock.sendall(connection.data_to_send())
+                if broker.gauge("broker_gate_in_flight") == 0:
+                    freed = time.monotonic()
+                    break
+            assert freed is not None, "the slot stayed held"
+        assert raw_exchange(broker.address, [_send("echo honest")], timeout=10).status == 200
+    finally:
+        broker.stop()
+
+
 # -- item 3: h2c upstream ------------------------------------------------------------------------
 
 

@@ -15,10 +15,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use admitgate_passage::Permit;
 
@@ -333,51 +333,149 @@ impl Body for Replayed {
 /// the rest of the upstream response is read and discarded on a task of its own, holding
 /// the permit, until it ends or `abandoned_timeout` passes ([`discard`]). The cap counts
 /// runs at the agent, not clients still waiting.
+///
+/// A client that stops asking for the response (it reads nothing: an HTTP/2 client that
+/// grants no flow-control window, or an HTTP/1.1 one whose socket is full) is treated the
+/// same way once `send_timeout` has passed since the last frame was handed to it without
+/// it asking for the next ([`watch`]): the upstream response and the permit are taken from
+/// this body and discarded on their own, and the body ends in an error if it is ever asked
+/// again. A response waiting on the agent (a quiet SSE stream) is not a slow client.
 pub struct Held {
-    inner: Option<Incoming>,
-    permit: Option<Permit>,
+    /// The upstream response and the permit, shared with the slow-client watch.
+    stream: Arc<Mutex<Option<Stream>>>,
     /// A gRPC response: an upstream failure becomes a status trailer.
     grpc: bool,
     /// How long an abandoned response is read on before the slot is freed anyway.
     abandoned_timeout: Duration,
+    /// When a frame was last handed to the client without it asking for the next
+    /// (milliseconds since `epoch`, plus one); 0 while it waits on the upstream.
+    handed: Arc<AtomicU64>,
+    epoch: Instant,
     /// Called once when the body ends or is dropped (the request's duration is recorded).
     on_end: Option<Box<dyn FnOnce() + Send>>,
     done: bool,
 }
 
+/// The upstream response a [`Held`] relays, with the permit it holds.
+struct Stream {
+    inner: Incoming,
+    permit: Option<Permit>,
+}
+
+/// The client stopped asking for its response for `--send-timeout`.
+#[derive(Debug)]
+pub struct ClientTooSlow;
+
+impl std::fmt::Display for ClientTooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client did not read its response within send_timeout")
+    }
+}
+
+impl std::error::Error for ClientTooSlow {}
+
+fn lock(stream: &Mutex<Option<Stream>>) -> std::sync::MutexGuard<'_, Option<Stream>> {
+    stream
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
 impl Held {
-    /// `inner`, holding `permit` (if gated), running `on_end` once at its end.
+    /// `inner`, holding `permit` (if gated), running `on_end` once at its end; a gated one
+    /// is watched for a client slower than `send_timeout`.
     pub fn new(
         inner: Incoming,
         permit: Option<Permit>,
         grpc: bool,
         abandoned_timeout: Duration,
+        send_timeout: Duration,
         on_end: Box<dyn FnOnce() + Send>,
     ) -> Self {
-        Self {
-            inner: Some(inner),
-            permit,
+        let gated = permit.is_some();
+        let held = Self {
+            stream: Arc::new(Mutex::new(Some(Stream { inner, permit }))),
             grpc,
             abandoned_timeout,
+            handed: Arc::new(AtomicU64::new(0)),
+            epoch: Instant::now(),
             on_end: Some(on_end),
             done: false,
+        };
+        if gated && !send_timeout.is_zero() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(watch(
+                    Arc::downgrade(&held.stream),
+                    held.handed.clone(),
+                    held.epoch,
+                    send_timeout,
+                    abandoned_timeout,
+                ));
+            }
         }
+        held
     }
 
     fn finish(&mut self) {
         self.done = true;
-        drop(self.permit.take());
-        self.inner = None;
+        drop(lock(&self.stream).take());
         if let Some(on_end) = self.on_end.take() {
             on_end();
         }
     }
 }
 
+/// Watches a gated response for a client that stops asking for it (see [`Held`]); ends
+/// when the response does.
+async fn watch(
+    stream: Weak<Mutex<Option<Stream>>>,
+    handed: Arc<AtomicU64>,
+    epoch: Instant,
+    send_timeout: Duration,
+    abandoned_timeout: Duration,
+) {
+    let limit = u64::try_from(send_timeout.as_millis()).unwrap_or(u64::MAX);
+    let tick = send_timeout
+        .checked_div(4)
+        .unwrap_or(send_timeout)
+        .max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(stream) = stream.upgrade() else {
+            return;
+        };
+        let at = handed.load(Ordering::Acquire);
+        if at == 0 || millis_since(epoch).saturating_sub(at) < limit {
+            continue;
+        }
+        let taken = lock(&stream).take();
+        if let Some(Stream {
+            inner,
+            permit: Some(permit),
+        }) = taken
+        {
+            let until = tokio::time::Instant::now()
+                .checked_add(abandoned_timeout)
+                .unwrap_or_else(tokio::time::Instant::now);
+            tokio::spawn(discard(inner, permit, until));
+        }
+        return;
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         if !self.done && !self.abandoned_timeout.is_zero() {
-            if let (Some(permit), Some(inner)) = (self.permit.take(), self.inner.take()) {
+            if let Some(Stream {
+                inner,
+                permit: Some(permit),
+            }) = lock(&self.stream).take()
+            {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     let until = tokio::time::Instant::now()
                         .checked_add(self.abandoned_timeout)
@@ -427,13 +525,23 @@ impl Body for Held {
         if self.done {
             return Poll::Ready(None);
         }
-        let Some(inner) = self.inner.as_mut() else {
-            return Poll::Ready(None);
+        let (polled, ends) = {
+            let mut stream = lock(&self.stream);
+            let Some(Stream { inner, .. }) = stream.as_mut() else {
+                // The watch took the response: the client was too slow for it.
+                drop(stream);
+                self.finish();
+                return Poll::Ready(Some(Err(Box::new(ClientTooSlow))));
+            };
+            let polled = Pin::new(&mut *inner).poll_frame(cx);
+            (polled, inner.is_end_stream())
         };
-        let polled = Pin::new(&mut *inner).poll_frame(cx);
-        let ends = inner.is_end_stream();
         match polled {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                // Waiting on the agent, not on the client.
+                self.handed.store(0, Ordering::Release);
+                Poll::Pending
+            }
             Poll::Ready(None) => {
                 self.finish();
                 Poll::Ready(None)
@@ -442,6 +550,9 @@ impl Body for Held {
                 // Trailers are the last frame; so is data the body says ends it.
                 if frame.is_trailers() || ends {
                     self.finish();
+                } else {
+                    self.handed
+                        .store(millis_since(self.epoch), Ordering::Release);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -459,12 +570,16 @@ impl Body for Held {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.done
+            || lock(&self.stream)
+                .as_ref()
+                .is_none_or(|stream| stream.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        lock(&self.stream).as_ref().map_or_else(
+            || SizeHint::with_exact(0),
+            |stream| stream.inner.size_hint(),
+        )
     }
 }

@@ -446,6 +446,7 @@ impl Broker {
                     permit,
                     grpc,
                     self.config.abandoned_response_timeout,
+                    self.config.send_timeout,
                     Box::new(record),
                 );
                 Response::from_parts(head, held.boxed_unsync())
@@ -503,7 +504,14 @@ impl Broker {
             Ok(response) => {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
-                let held = Held::new(body, None, false, Duration::ZERO, Box::new(record));
+                let held = Held::new(
+                    body,
+                    None,
+                    false,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    Box::new(record),
+                );
                 Response::from_parts(head, held.boxed_unsync())
             }
             Err(error) => {
