@@ -168,12 +168,20 @@ class RawResponse:
     body: bytes = b""
 
 
-def read_response(sock: socket.socket) -> RawResponse:
-    """Reads one response (Content-Length, chunked, or to the close; 1xx skipped)."""
-    data = b""
+def read_response(sock: socket.socket, pending: bytearray | None = None) -> RawResponse:
+    """Reads one response (Content-Length, chunked, or to the close; 1xx skipped). Bytes
+    read past it (a pipelined next response) are left in ``pending`` for the next call,
+    which starts from them."""
+    carry = pending if pending is not None else bytearray()
+    data = bytes(carry)
+    carry.clear()
+
+    def more() -> bytes:
+        return sock.recv(65536)
+
     while True:
         while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
+            chunk = more()
             if not chunk:
                 return RawResponse()
             data += chunk
@@ -192,20 +200,23 @@ def read_response(sock: socket.socket) -> RawResponse:
     if "content-length" in headers:
         length = int(headers["content-length"])
         while len(data) < length:
-            chunk = sock.recv(65536)
+            chunk = more()
             if not chunk:
                 break
             data += chunk
+        carry.extend(data[length:])
         return RawResponse(status, headers, data[:length])
     if "chunked" in headers.get("transfer-encoding", ""):
-        while not data.endswith(b"0\r\n\r\n"):
-            chunk = sock.recv(65536)
+        while b"0\r\n\r\n" not in data:
+            chunk = more()
             if not chunk:
                 break
             data += chunk
-        return RawResponse(status, headers, data)
+        end = data.find(b"0\r\n\r\n") + 5 if b"0\r\n\r\n" in data else len(data)
+        carry.extend(data[end:])
+        return RawResponse(status, headers, data[:end])
     while True:
-        chunk = sock.recv(65536)
+        chunk = more()
         if not chunk:
             return RawResponse(status, headers, data)
         data += chunk

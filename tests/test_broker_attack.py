@@ -57,8 +57,6 @@ def env() -> Iterator[types.SimpleNamespace]:
     hc_executor = CountingExecutor()
     hc = HypercornThread()
     hc.start(build_sdk_app(hc_executor, hc.url))
-    # A short --first-bytes-timeout bounds the wait of a pipelined request hyper leaves
-    # unanswered after an upgrade was asked on the same connection (it is closed instead).
     common = ("--max-in-flight", "1", "--max-peek-bytes", str(PEEK), "--first-bytes-timeout", "1")
     brokers = {
         "uvicorn": BrokerProcess(binary, "--upstream", uv.url, *common),
@@ -301,6 +299,7 @@ def _read_all(address: str, pieces: list[bytes], count: int) -> list[Any]:
     """Sends ``pieces`` 50 ms apart on one connection and reads ``count`` responses."""
     host, port = address.rsplit(":", 1)
     responses = []
+    pending = bytearray()
     with socket.create_connection((host, int(port)), timeout=20) as sock:
         for i, piece in enumerate(pieces):
             if i:
@@ -308,7 +307,7 @@ def _read_all(address: str, pieces: list[bytes], count: int) -> list[Any]:
             sock.sendall(piece)
         for _ in range(count):
             try:
-                response = read_response(sock)
+                response = read_response(sock, pending)
             except OSError:
                 break
             responses.append(response)
