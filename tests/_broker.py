@@ -41,7 +41,12 @@ def wait_until(condition: Any, timeout: float = 5.0) -> None:
 
 
 def build_broker() -> Path:
-    """Builds the broker binary (incremental; a no-op when it is up to date) and returns it."""
+    """Builds the broker binary (incremental; a no-op when it is up to date) and returns it;
+    ``ADMITGATE_BROKER_BINARY`` names another one to run instead (an older build, to see a
+    regression test fail without the fix)."""
+    other = os.environ.get("ADMITGATE_BROKER_BINARY")
+    if other:
+        return Path(other)
     subprocess.run(
         ["cargo", "build", "-q", "-p", "admitgate-broker"], cwd=ROOT, check=True, timeout=900
     )

@@ -287,7 +287,11 @@ def test_reads_cards_custom_routes_and_websockets_pass_while_saturated(env: Any)
     finish(env, (k1, a), (k2, b))
 
 
-def test_an_sse_stream_holds_its_slot_and_a_client_leaving_frees_it(env: Any) -> None:
+def test_an_sse_stream_holds_its_slot_even_after_its_client_leaves(env: Any) -> None:
+    """A stream holds its slot for its whole life; a client leaving mid-stream does not free
+    it while the agent still works (issue 22 item 7: the cap counts runs at the agent), only
+    the stream's end does."""
+
     async def main() -> None:
         k1, k2 = key(), key()
         async with httpx.AsyncClient(base_url=env.broker.url, timeout=20) as c:
@@ -310,16 +314,20 @@ def test_an_sse_stream_holds_its_slot_and_a_client_leaving_frees_it(env: Any) ->
                     assert env.broker.gauge("broker_gate_in_flight") == 2
                     refused = await c.post("/message:send", json=send_params("echo no"))
                     assert refused.status_code == 429
-            # Both clients left mid-stream while the agent still works: both slots are free.
+            # Both clients left mid-stream while the agent still works: both slots are held.
+            await asyncio.sleep(0.3)
+            assert env.broker.gauge('broker_inflight_requests{transport="jsonrpc"}') == 1
+            assert env.broker.gauge('broker_inflight_requests{transport="rest"}') == 1
+            assert not env.latches[k1].finished.is_set()
+            env.latches[k1].release()
+            env.latches[k2].release()
+            # The streams end at the agent: both slots are free.
             await asyncio.to_thread(
                 env.broker.wait_for, 'broker_inflight_requests{transport="jsonrpc"}', 0
             )
             await asyncio.to_thread(
                 env.broker.wait_for, 'broker_inflight_requests{transport="rest"}', 0
             )
-            assert not env.latches[k1].finished.is_set()
-            env.latches[k1].release()
-            env.latches[k2].release()
 
     asyncio.run(asyncio.wait_for(main(), 20))
 
@@ -347,10 +355,19 @@ async def _endless_sse(scope: Any, receive: Any, send: Any) -> None:
 
 def test_aborted_streams_leak_no_slot(env: Any) -> None:
     """1,000 gated SSE streams, each left by its client after its first bytes, 50 at a time:
-    every one is admitted and every slot comes back."""
+    every one is admitted and every slot comes back. (The streams never end, so the slots
+    are freed as their clients leave: --abandoned-response-timeout 0.)"""
     upstream = ServerThread()
     upstream.start(_endless_sse)
-    broker = BrokerProcess(env.binary, "--upstream", upstream.url, "--max-in-flight", "50")
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        upstream.url,
+        "--max-in-flight",
+        "50",
+        "--abandoned-response-timeout",
+        "0",
+    )
 
     async def one(c: httpx.AsyncClient) -> None:
         async with c.stream("POST", "/message:stream", json=send_params("x")) as stream:
@@ -693,6 +710,82 @@ def test_memory_pressure_of_the_agent_container_refuses_work(env: Any, tmp_path:
     )
     assert broker.stop() == 0
     assert len(broker.events("memory_aware_admission_off")) == 1
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({"memory.max": "lots\n", "memory.current": "1\n"}, "memory.max is not a number"),
+        ({"memory.max": "1073741824\n"}, "no readable cgroup v2 memory.current"),
+    ],
+)
+def test_memory_aware_admission_that_cannot_run_says_so(
+    env: Any, tmp_path: Any, files: dict[str, str], why: str
+) -> None:
+    """Issue 22 item 5: an unparsable memory.max or a missing memory.current left
+    memory-aware admission off without the warning docs/broker.md promises. Seen failing
+    before the fix: no `memory_aware_admission_off` line."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--memory-hard-ratio",
+        "0.9",
+        "--memory-cgroup",
+        str(tmp_path),
+        metrics=False,
+    )
+    assert broker.stop() == 0
+    warnings = broker.events("memory_aware_admission_off")
+    assert len(warnings) == 1 and why in warnings[0]["why"], broker.lines
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    """Answers 200 and remembers each path it was asked for."""
+
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_the_readiness_probe_runs_only_when_readiness_is_served(env: Any) -> None:
+    """Issue 22 item 6: the probe sent the agent `GET /` at start and every idle second even
+    without --metrics-listen, when nothing reads its result. Now it runs only with /readyz,
+    and asks --readiness-path (by default the agent card, which an A2A agent serves without
+    side effects). Seen failing before the fix: the agent saw `GET /` without /readyz."""
+
+    class Handler(_Counting):
+        paths: list[str] = []
+
+    agent = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    upstream = f"http://127.0.0.1:{agent.server_address[1]}"
+    try:
+        silent = BrokerProcess(env.binary, "--upstream", upstream, metrics=False)
+        time.sleep(1.5)
+        assert silent.stop() == 0
+        assert Handler.paths == []
+        probing = BrokerProcess(env.binary, "--upstream", upstream)
+        wait_until(lambda: httpx.get(probing.metrics_url + "/readyz").status_code == 200)
+        assert probing.stop() == 0
+        assert set(Handler.paths) == {"/.well-known/agent-card.json"}
+        Handler.paths.clear()
+        custom = BrokerProcess(env.binary, "--upstream", upstream, "--readiness-path", "/healthz")
+        wait_until(lambda: httpx.get(custom.metrics_url + "/readyz").status_code == 200)
+        assert custom.stop() == 0
+        assert set(Handler.paths) == {"/healthz"}
+    finally:
+        agent.shutdown()
+        agent.server_close()
 
 
 def test_sigterm_right_after_start_up_still_drains(env: Any) -> None:

@@ -678,6 +678,11 @@ def serve_broker(
     memory_soft_ratio: float | None = None,
     memory_hard_ratio: float | None = None,
     memory_cgroup: str | os.PathLike[str] | None = None,
+    request_body_timeout: float | None = None,
+    max_buffered_body: int | None = None,
+    abandoned_response_timeout: float | None = None,
+    send_timeout: float | None = None,
+    readiness_path: str | None = None,
     config: str | os.PathLike[str] | None = None,
 ) -> None:
     """Runs the broker in this process, in front of ``upstream``, until SIGTERM or SIGINT and

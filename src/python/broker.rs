@@ -328,6 +328,11 @@ fn wait_for_the_end(py: Python<'_>, running: &mut Running, requested: &AtomicBoo
     memory_soft_ratio=None,
     memory_hard_ratio=None,
     memory_cgroup=None,
+    request_body_timeout=None,
+    max_buffered_body=None,
+    abandoned_response_timeout=None,
+    send_timeout=None,
+    readiness_path=None,
     config=None,
 ))]
 #[allow(
@@ -362,6 +367,11 @@ pub fn serve_broker(
     memory_soft_ratio: Option<Bound<'_, PyAny>>,
     memory_hard_ratio: Option<Bound<'_, PyAny>>,
     memory_cgroup: Option<Bound<'_, PyAny>>,
+    request_body_timeout: Option<Bound<'_, PyAny>>,
+    max_buffered_body: Option<Bound<'_, PyAny>>,
+    abandoned_response_timeout: Option<Bound<'_, PyAny>>,
+    send_timeout: Option<Bound<'_, PyAny>>,
+    readiness_path: Option<Bound<'_, PyAny>>,
     config: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     guard(|| {
@@ -395,6 +405,14 @@ pub fn serve_broker(
             memory_soft_ratio: number("memory_soft_ratio", &memory_soft_ratio)?,
             memory_hard_ratio: number("memory_hard_ratio", &memory_hard_ratio)?,
             memory_cgroup: path("memory_cgroup", &memory_cgroup)?,
+            request_body_timeout: number("request_body_timeout", &request_body_timeout)?,
+            max_buffered_body: count("max_buffered_body", &max_buffered_body)?.map(|n| n as usize),
+            abandoned_response_timeout: number(
+                "abandoned_response_timeout",
+                &abandoned_response_timeout,
+            )?,
+            send_timeout: number("send_timeout", &send_timeout)?,
+            readiness_path: text("readiness_path", &readiness_path)?,
             config: path("config", &config)?,
             naming: Naming::Keywords, // messages name serve()'s keywords
         };

@@ -13,15 +13,19 @@
 //!   linkerd2-proxy release at the response headers. For gRPC, an upstream failure in the
 //!   middle of the stream becomes a proper status trailer (`UNAVAILABLE`) instead of a reset.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use admitgate_passage::Permit;
-use bytes::Bytes;
+
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 /// Any error a forwarded body can end with.
@@ -186,13 +190,28 @@ where
     }
 }
 
-/// A request body: the peeked prefix (data, and trailers if the body ended with them), then
-/// whatever is left of the client's stream.
+/// A request body: the bytes already read (the peeked or buffered prefix, and trailers if
+/// the body ended with them), then whatever is left of the client's stream, which may have
+/// to arrive by a deadline ([`Replayed::rest_by`]).
 pub struct Replayed {
     prefix: Option<Bytes>,
     trailers: Option<HeaderMap>,
     rest: Option<ClientBody>,
+    /// When the rest must have arrived; past it the body fails ([`BodyTimedOut`]).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// A request body that did not arrive by its deadline (`--request-body-timeout`).
+#[derive(Debug)]
+pub struct BodyTimedOut;
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body did not arrive within request_body_timeout")
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
 
 impl Replayed {
     /// The body as it arrived: nothing peeked.
@@ -201,6 +220,7 @@ impl Replayed {
             prefix: None,
             trailers: None,
             rest: Some(body),
+            deadline: None,
         }
     }
 
@@ -210,34 +230,86 @@ impl Replayed {
             prefix: (!prefix.is_empty()).then_some(prefix),
             trailers,
             rest,
+            deadline: None,
+        }
+    }
+
+    /// Reads on until the body has ended or at least `limit` bytes of it are held (HAProxy's
+    /// `http-buffer-request`): what a gated request sends before it takes a slot. An error
+    /// is the client's (it broke its body off, or went away).
+    pub async fn buffered(mut self, limit: usize) -> Result<Self, hyper::Error> {
+        let mut held = BytesMut::new();
+        if let Some(prefix) = self.prefix.take() {
+            held.extend_from_slice(&prefix);
+        }
+        while self.trailers.is_none() && held.len() < limit {
+            let Some(rest) = self.rest.as_mut() else {
+                break;
+            };
+            if rest.is_end_stream() {
+                self.rest = None;
+                break;
+            }
+            match rest.frame().await {
+                None => self.rest = None,
+                Some(Err(error)) => return Err(error),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => held.extend_from_slice(&data),
+                    Err(frame) => {
+                        self.trailers = frame.into_trailers().ok();
+                        self.rest = None;
+                    }
+                },
+            }
+        }
+        self.prefix = (!held.is_empty()).then(|| held.freeze());
+        Ok(self)
+    }
+
+    /// Whether the whole body is held (nothing is left to arrive).
+    pub fn is_held(&self) -> bool {
+        self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    /// What is left of the body must arrive by `deadline`, or the body fails.
+    pub fn rest_by(&mut self, deadline: tokio::time::Instant) {
+        if !self.is_held() {
+            self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline)));
         }
     }
 }
 
 impl Body for Replayed {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(prefix) = self.prefix.take() {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         if let Some(trailers) = self.trailers.take() {
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
-        match self.rest.as_mut() {
-            Some(rest) => Pin::new(rest).poll_frame(cx),
-            None => Poll::Ready(None),
+        let polled = match self.rest.as_mut() {
+            Some(rest) => Pin::new(rest).poll_frame(cx).map_err(Into::into),
+            None => return Poll::Ready(None),
+        };
+        if polled.is_pending() {
+            if let Some(deadline) = self.deadline.as_mut() {
+                if deadline.as_mut().poll(cx).is_ready() {
+                    self.rest = None;
+                    return Poll::Ready(Some(Err(Box::new(BodyTimedOut))));
+                }
+            }
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.is_none()
-            && self.trailers.is_none()
-            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        self.prefix.is_none() && self.trailers.is_none() && self.is_held()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -256,47 +328,179 @@ impl Body for Replayed {
     }
 }
 
-/// A response body holding the request's permit until it ends or is dropped.
-pub struct Held<B> {
-    inner: B,
-    permit: Option<Permit>,
+/// A response body holding the request's permit until it ends. If it is dropped before
+/// its end (the client went away) while it holds a permit, the agent may still be working:
+/// the rest of the upstream response is read and discarded on a task of its own, holding
+/// the permit, until it ends or `abandoned_timeout` passes ([`discard`]). The cap counts
+/// runs at the agent, not clients still waiting.
+///
+/// A client that stops asking for the response (it reads nothing: an HTTP/2 client that
+/// grants no flow-control window, or an HTTP/1.1 one whose socket is full) is treated the
+/// same way once `send_timeout` has passed since the last frame was handed to it without
+/// it asking for the next ([`watch`]): the upstream response and the permit are taken from
+/// this body and discarded on their own, and the body ends in an error if it is ever asked
+/// again. A response waiting on the agent (a quiet SSE stream) is not a slow client.
+pub struct Held {
+    /// The upstream response and the permit, shared with the slow-client watch.
+    stream: Arc<Mutex<Option<Stream>>>,
     /// A gRPC response: an upstream failure becomes a status trailer.
     grpc: bool,
+    /// How long an abandoned response is read on before the slot is freed anyway.
+    abandoned_timeout: Duration,
+    /// When a frame was last handed to the client without it asking for the next
+    /// (milliseconds since `epoch`, plus one); 0 while it waits on the upstream.
+    handed: Arc<AtomicU64>,
+    epoch: Instant,
     /// Called once when the body ends or is dropped (the request's duration is recorded).
     on_end: Option<Box<dyn FnOnce() + Send>>,
     done: bool,
 }
 
-impl<B> Held<B> {
-    /// `inner`, holding `permit` (if gated), running `on_end` once at its end.
+/// The upstream response a [`Held`] relays, with the permit it holds.
+struct Stream {
+    inner: Incoming,
+    permit: Option<Permit>,
+}
+
+/// The client stopped asking for its response for `--send-timeout`.
+#[derive(Debug)]
+pub struct ClientTooSlow;
+
+impl std::fmt::Display for ClientTooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client did not read its response within send_timeout")
+    }
+}
+
+impl std::error::Error for ClientTooSlow {}
+
+fn lock(stream: &Mutex<Option<Stream>>) -> std::sync::MutexGuard<'_, Option<Stream>> {
+    stream
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+impl Held {
+    /// `inner`, holding `permit` (if gated), running `on_end` once at its end; a gated one
+    /// is watched for a client slower than `send_timeout`.
     pub fn new(
-        inner: B,
+        inner: Incoming,
         permit: Option<Permit>,
         grpc: bool,
+        abandoned_timeout: Duration,
+        send_timeout: Duration,
         on_end: Box<dyn FnOnce() + Send>,
     ) -> Self {
-        Self {
-            inner,
-            permit,
+        let gated = permit.is_some();
+        let held = Self {
+            stream: Arc::new(Mutex::new(Some(Stream { inner, permit }))),
             grpc,
+            abandoned_timeout,
+            handed: Arc::new(AtomicU64::new(0)),
+            epoch: Instant::now(),
             on_end: Some(on_end),
             done: false,
+        };
+        if gated && !send_timeout.is_zero() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(watch(
+                    Arc::downgrade(&held.stream),
+                    held.handed.clone(),
+                    held.epoch,
+                    send_timeout,
+                    abandoned_timeout,
+                ));
+            }
         }
+        held
     }
 
     fn finish(&mut self) {
         self.done = true;
-        drop(self.permit.take());
+        drop(lock(&self.stream).take());
         if let Some(on_end) = self.on_end.take() {
             on_end();
         }
     }
 }
 
-impl<B> Drop for Held<B> {
+/// Watches a gated response for a client that stops asking for it (see [`Held`]); ends
+/// when the response does.
+async fn watch(
+    stream: Weak<Mutex<Option<Stream>>>,
+    handed: Arc<AtomicU64>,
+    epoch: Instant,
+    send_timeout: Duration,
+    abandoned_timeout: Duration,
+) {
+    let limit = u64::try_from(send_timeout.as_millis()).unwrap_or(u64::MAX);
+    let tick = send_timeout
+        .checked_div(4)
+        .unwrap_or(send_timeout)
+        .max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(stream) = stream.upgrade() else {
+            return;
+        };
+        let at = handed.load(Ordering::Acquire);
+        if at == 0 || millis_since(epoch).saturating_sub(at) < limit {
+            continue;
+        }
+        let taken = lock(&stream).take();
+        if let Some(Stream {
+            inner,
+            permit: Some(permit),
+        }) = taken
+        {
+            let until = tokio::time::Instant::now()
+                .checked_add(abandoned_timeout)
+                .unwrap_or_else(tokio::time::Instant::now);
+            tokio::spawn(discard(inner, permit, until));
+        }
+        return;
+    }
+}
+
+impl Drop for Held {
     fn drop(&mut self) {
+        if !self.done && !self.abandoned_timeout.is_zero() {
+            if let Some(Stream {
+                inner,
+                permit: Some(permit),
+            }) = lock(&self.stream).take()
+            {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let until = tokio::time::Instant::now()
+                        .checked_add(self.abandoned_timeout)
+                        .unwrap_or_else(tokio::time::Instant::now);
+                    runtime.spawn(discard(inner, permit, until));
+                }
+            }
+        }
         self.finish();
     }
+}
+
+/// Reads and discards `body` until it ends or `until`, then frees `permit`: the slot of a
+/// request whose client left, held while the agent still answers. Reading it also hands the
+/// flow-control window back on a shared h2c connection.
+pub async fn discard(mut body: Incoming, permit: Permit, until: tokio::time::Instant) {
+    let read_to_end = async {
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(until, read_to_end).await;
+    drop(permit);
 }
 
 /// The trailers of a gRPC call the upstream broke off: `UNAVAILABLE` (retryable), with why.
@@ -310,11 +514,7 @@ pub fn broken_stream_trailers(why: &str) -> HeaderMap {
     trailers
 }
 
-impl<B> Body for Held<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
+impl Body for Held {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -325,17 +525,34 @@ where
         if self.done {
             return Poll::Ready(None);
         }
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let (polled, ends) = {
+            let mut stream = lock(&self.stream);
+            let Some(Stream { inner, .. }) = stream.as_mut() else {
+                // The watch took the response: the client was too slow for it.
+                drop(stream);
+                self.finish();
+                return Poll::Ready(Some(Err(Box::new(ClientTooSlow))));
+            };
+            let polled = Pin::new(&mut *inner).poll_frame(cx);
+            (polled, inner.is_end_stream())
+        };
         match polled {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                // Waiting on the agent, not on the client.
+                self.handed.store(0, Ordering::Release);
+                Poll::Pending
+            }
             Poll::Ready(None) => {
                 self.finish();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
                 // Trailers are the last frame; so is data the body says ends it.
-                if frame.is_trailers() || self.inner.is_end_stream() {
+                if frame.is_trailers() || ends {
                     self.finish();
+                } else {
+                    self.handed
+                        .store(millis_since(self.epoch), Ordering::Release);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -353,10 +570,16 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.is_end_stream()
+        self.done
+            || lock(&self.stream)
+                .as_ref()
+                .is_none_or(|stream| stream.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        lock(&self.stream).as_ref().map_or_else(
+            || SizeHint::with_exact(0),
+            |stream| stream.inner.size_hint(),
+        )
     }
 }

@@ -120,6 +120,33 @@ pub struct Flags {
     /// /sys/fs/cgroup (the pod's when the broker shares the agent's cgroup).
     #[arg(long, value_name = "DIR")]
     pub memory_cgroup: Option<PathBuf>,
+    /// Seconds a gated request's body may take to arrive: the part buffered before it takes
+    /// a slot (up to --max-buffered-body) from its head, the rest from its admission. A
+    /// body late past it is answered 408 before admission, or cut (the slot freed) after.
+    /// Default 30.
+    #[arg(long, value_name = "SECONDS")]
+    pub request_body_timeout: Option<f64>,
+    /// Bytes of a gated request's body read before it takes a slot (HAProxy's
+    /// http-buffer-request): a client sending its body slowly holds no slot meanwhile, and a
+    /// queued client that leaves is seen. Default 1048576.
+    #[arg(long, value_name = "BYTES")]
+    pub max_buffered_body: Option<usize>,
+    /// Seconds a gated request keeps its slot after its client left while the agent still
+    /// answers: its response is read and discarded until it ends, for at most this long,
+    /// then the upstream exchange is cut. 0: the slot is freed when the client leaves.
+    /// Default 60.
+    #[arg(long, value_name = "SECONDS")]
+    pub abandoned_response_timeout: Option<f64>,
+    /// Seconds a client may accept none of the bytes the broker has for it (its response, on
+    /// a socket whose buffers are full) before its connection is closed (nginx's
+    /// send_timeout). Its request is then treated as one whose client left. Default 60.
+    #[arg(long, value_name = "SECONDS")]
+    pub send_timeout: Option<f64>,
+    /// The path the readiness probe asks the agent for (`GET`; any answer counts), only
+    /// when /readyz is served (--metrics-listen). Default the A2A agent card,
+    /// /.well-known/agent-card.json below --path-prefix.
+    #[arg(long, value_name = "PATH")]
+    pub readiness_path: Option<String>,
     /// A YAML file with any of these settings (keys as the flags, with `_`); flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -178,6 +205,11 @@ struct FileSettings {
     memory_soft_ratio: Option<f64>,
     memory_hard_ratio: Option<f64>,
     memory_cgroup: Option<PathBuf>,
+    request_body_timeout: Option<f64>,
+    max_buffered_body: Option<usize>,
+    abandoned_response_timeout: Option<f64>,
+    send_timeout: Option<f64>,
+    readiness_path: Option<String>,
 }
 
 /// Where a request's tenant comes from.
@@ -240,6 +272,11 @@ pub struct Config {
     pub memory_soft_ratio: f64,
     pub memory_hard_ratio: f64,
     pub memory_cgroup: PathBuf,
+    pub request_body_timeout: Duration,
+    pub max_buffered_body: usize,
+    pub abandoned_response_timeout: Duration,
+    pub send_timeout: Duration,
+    pub readiness_path: String,
 }
 
 /// A setting that cannot be used, named with its bad value (never a password: URLs are shown
@@ -532,6 +569,24 @@ impl Config {
                 name!(memory_hard_ratio)
             ));
         }
+        let max_buffered_body = pick!(max_buffered_body).unwrap_or(1 << 20);
+        if !(1..=(1 << 30)).contains(&max_buffered_body) {
+            return err(format!(
+                "max_buffered_body must be in 1..1073741824, got {max_buffered_body}"
+            ));
+        }
+        let readiness_path = match pick!(readiness_path) {
+            None => format!(
+                "{}/.well-known/agent-card.json",
+                path_prefix.trim_end_matches('/')
+            ),
+            Some(path) if path.starts_with('/') && path.parse::<http::Uri>().is_ok() => path,
+            Some(path) => {
+                return err(format!(
+                    "readiness_path must be a request path starting with /, got {path:?}"
+                ))
+            }
+        };
         Ok(Config {
             listen: pick!(listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
             upstream: main,
@@ -571,6 +626,19 @@ impl Config {
             memory_soft_ratio: soft,
             memory_hard_ratio: hard,
             memory_cgroup: pick!(memory_cgroup).unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            request_body_timeout: seconds(
+                "request_body_timeout",
+                pick!(request_body_timeout).unwrap_or(30.0),
+                false,
+            )?,
+            max_buffered_body,
+            abandoned_response_timeout: seconds(
+                "abandoned_response_timeout",
+                pick!(abandoned_response_timeout).unwrap_or(60.0),
+                true,
+            )?,
+            send_timeout: seconds("send_timeout", pick!(send_timeout).unwrap_or(60.0), false)?,
+            readiness_path,
         })
     }
 }
@@ -669,5 +737,48 @@ mod tests {
             .to_string();
         assert!(!e.contains("tip:"), "{e}");
         assert_eq!(edit_distance("max-inflight", "max-in-flight"), 1);
+    }
+
+    #[test]
+    fn the_body_response_and_readiness_settings_have_defaults_and_name_bad_values() {
+        let c =
+            Config::from_args(["b", "--upstream", "http://x:1", "--path-prefix", "/a2a"]).unwrap();
+        assert_eq!(c.request_body_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_buffered_body, 1 << 20);
+        assert_eq!(c.abandoned_response_timeout, Duration::from_secs(60));
+        assert_eq!(c.send_timeout, Duration::from_secs(60));
+        assert_eq!(c.readiness_path, "/a2a/.well-known/agent-card.json");
+        let c = Config::from_args([
+            "b",
+            "--upstream",
+            "http://x:1",
+            "--abandoned-response-timeout",
+            "0",
+            "--readiness-path",
+            "/healthz",
+        ])
+        .unwrap();
+        assert_eq!(c.abandoned_response_timeout, Duration::ZERO);
+        assert_eq!(c.readiness_path, "/healthz");
+        for (flag, value, named) in [
+            ("--request-body-timeout", "0", "request_body_timeout"),
+            ("--request-body-timeout", "NaN", "request_body_timeout"),
+            (
+                "--abandoned-response-timeout",
+                "-1",
+                "abandoned_response_timeout",
+            ),
+            ("--max-buffered-body", "0", "max_buffered_body"),
+            ("--send-timeout", "0", "send_timeout"),
+            ("--readiness-path", "healthz", "readiness_path"),
+        ] {
+            let e = Config::from_args(["b", "--upstream", "http://x:1", flag, value])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(named) && e.contains(value),
+                "{flag} {value}: {e}"
+            );
+        }
     }
 }

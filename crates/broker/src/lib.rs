@@ -219,8 +219,10 @@ impl Bound {
         test_hooks::panic_if_asked();
         if let Some(m) = metrics_listener {
             tokio::spawn(metrics::serve(broker.clone(), m));
+            // The probe feeds /readyz alone: without it, the agent sees no request that no
+            // client sent.
+            tokio::spawn(readiness::probe(broker.clone()));
         }
-        tokio::spawn(readiness::probe(broker.clone()));
         server::serve(broker.clone(), listener, stop).await;
         if let Some(fleet) = broker.passage.fleet() {
             fleet.shutdown().await;

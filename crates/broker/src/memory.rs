@@ -54,27 +54,32 @@ pub fn cgroup_check(dir: PathBuf, soft_ratio: f64, hard_ratio: f64) -> Option<Re
     if soft_ratio <= 0.0 && hard_ratio <= 0.0 {
         return None;
     }
+    let off = |why: &str| {
+        logging::line(
+            "warning",
+            "memory_aware_admission_off",
+            &[
+                ("cgroup", logging::text(&dir.display().to_string())),
+                ("why", logging::text(why)),
+            ],
+        );
+        None
+    };
     let max = std::fs::read_to_string(dir.join("memory.max")).ok();
     let max = match max.as_deref().map(str::trim) {
-        Some("max") | None => {
-            logging::line(
-                "warning",
-                "memory_aware_admission_off",
-                &[
-                    ("cgroup", logging::text(&dir.display().to_string())),
-                    (
-                        "why",
-                        logging::text("no readable cgroup v2 memory.max limit"),
-                    ),
-                ],
-            );
-            return None;
-        }
-        Some(text) => text.parse::<u64>().ok()?,
+        Some("max") | None => return off("no readable cgroup v2 memory.max limit"),
+        Some(text) => match text.parse::<u64>() {
+            Ok(max) if max > 0 => max,
+            _ => return off("memory.max is not a number of bytes"),
+        },
     };
-    read_number(&dir.join("memory.current"))?;
+    if read_number(&dir.join("memory.current")).is_none() {
+        return off("no readable cgroup v2 memory.current");
+    }
     let mib = max as f64 / 1_048_576.0;
-    let ladder = MemoryPressure::new(soft_ratio * mib, hard_ratio * mib).ok()?;
+    let Ok(ladder) = MemoryPressure::new(soft_ratio * mib, hard_ratio * mib) else {
+        return off("memory.max too small for the ratios");
+    };
     let sampler = Arc::new(Sampler {
         dir,
         ladder,

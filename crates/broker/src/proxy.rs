@@ -2,18 +2,24 @@
 //!
 //! Per request:
 //!
-//! 1. **Upgrades.** `Upgrade: h2c` is refused (the header is dropped and the request served
-//!    as HTTP/1.1, so a client cannot tunnel past the broker to the agent's own HTTP/2);
-//!    any other upgrade (WebSocket) is passed through ungated: the upstream's `101` is
-//!    relayed and both upgraded connections are joined with `copy_bidirectional`.
-//! 2. **Classification** ([`admitgate_classify::Rules`]): gRPC by its method path; HTTP by
-//!    the SDK's route table; a POST to the JSON-RPC endpoint by its body, of which at most
-//!    `max_peek_bytes` are read (and replayed to the agent exactly).
+//! 1. **Classification** ([`admitgate_classify::Rules`]), first, from what no header can
+//!    change: a request is gated when either the HTTP rules (the SDK's route table; a POST
+//!    to the JSON-RPC endpoint by its body, of which at most `max_peek_bytes` are read and
+//!    replayed to the agent exactly) or the gRPC rules (the method path) call it work,
+//!    whatever its `content-type` says.
+//! 2. **Upgrades.** Only a request the rules pass may upgrade: a WebSocket is passed through
+//!    ungated (the upstream's `101` is relayed and both upgraded connections are joined with
+//!    `copy_bidirectional`). `Upgrade: h2c`, and any upgrade asked on a gated request, is
+//!    refused: the header is dropped and the request served as HTTP/1.1 (so a client cannot
+//!    tunnel past the broker to the agent, nor walk work past the gate).
 //! 3. **Admission** through the [`Passage`], with the caller's deadline
-//!    ([`crate::deadline`]: `grpc-timeout`, or Envoy's `x-envoy-expected-rq-timeout-ms`):
-//!    a refusal is answered in place ([`crate::refusal`]); an admitted request's permit
-//!    rides in its response body ([`Held`]) until the body ends or the client goes away,
-//!    and its deadline header is forwarded with the time left.
+//!    ([`crate::deadline`]: `grpc-timeout`, or Envoy's `x-envoy-expected-rq-timeout-ms`), once
+//!    the body has arrived (up to `--max-buffered-body`, within `--request-body-timeout`):
+//!    a refusal is answered in place ([`crate::refusal`]); an admitted request's permit is
+//!    held by the upstream exchange, then rides in its response body ([`Held`]) until the
+//!    body ends; if the client leaves first, the rest is read and discarded, the permit held,
+//!    for at most `--abandoned-response-timeout` ([`crate::body::discard`]). Its deadline
+//!    header is forwarded with the time left.
 //! 4. **Forwarding**: hop-by-hop headers stripped both ways (`te: trailers` kept), gRPC to
 //!    the gRPC upstream over h2c, everything else as `--upstream-protocol` says: over
 //!    HTTP/1.1 (the default), over h2c, or as the client spoke. Both pools drop idle
@@ -35,11 +41,13 @@ use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST, UPGRADE};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::oneshot;
 
-use crate::body::{BoxError, ClientBody, Held, Replayed};
+use crate::body::{discard, BoxError, ClientBody, Held, Replayed};
 use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
@@ -70,6 +78,12 @@ pub struct Broker {
     /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
     pub upstream_health: UpstreamHealth,
 }
+
+/// What one stream of the shared h2c upstream connection may have unread in the broker.
+pub const UPSTREAM_H2_STREAM_WINDOW: u32 = 256 * 1024;
+/// The h2c upstream connection's window: the largest RFC 9113 allows (2^31 - 1), so that
+/// only a stream's own window ever fills.
+pub const UPSTREAM_H2_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
 fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
@@ -110,7 +124,15 @@ impl Broker {
             .timer(TokioTimer::new())
             .pool_idle_timeout(config.upstream_idle_timeout)
             .pool_max_idle_per_host(config.upstream_max_idle)
-            .http2_only(true);
+            .http2_only(true)
+            // Every client's stream shares one h2c connection to the agent. hyper hands the
+            // flow-control window back as each response body is read, so with its defaults
+            // (2 MiB per stream, 5 MiB for the connection) three clients that stop reading
+            // stalled every other stream. The connection's window is the protocol's largest,
+            // so only each stream's own (what one slow reader may leave buffered in the
+            // broker) can fill: one client can stall only its own stream.
+            .http2_initial_stream_window_size(UPSTREAM_H2_STREAM_WINDOW)
+            .http2_initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW);
         Ok(Self {
             http1: h1.build(connector()),
             http2: h2.build(connector()),
@@ -143,10 +165,11 @@ impl Broker {
         }
     }
 
-    /// Asks the upstream something cheap (`GET /`), for readiness: any answer within
-    /// `timeout` counts.
+    /// Asks the upstream for `--readiness-path` (`GET`; by default the agent card, which an
+    /// A2A agent serves without side effects), for readiness: any answer within `timeout`
+    /// counts.
     pub async fn probe_upstream(&self, timeout: Duration) -> bool {
-        let uri = upstream_uri(&self.config.upstream, "/");
+        let uri = upstream_uri(&self.config.upstream, &self.config.readiness_path);
         let Ok(uri) = uri else { return false };
         let mut request = Request::new(Replayed::new(Bytes::new(), None, None));
         *request.uri_mut() = uri;
@@ -171,67 +194,113 @@ impl Broker {
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
+        // Classification comes first, for every request, from what the client cannot turn
+        // into passthrough by a header: a request is gated when either the HTTP rules (the
+        // SDK's routes, the JSON-RPC body) or the gRPC rules (the method path) call it work,
+        // whatever its `content-type` or `Upgrade` say. An h2c agent routes by path alone,
+        // so `POST /message:send` labelled `application/grpc` is still a send there.
+        let grpc = is_grpc(&request);
+        let raw_path = request.uri().path().to_owned();
+        let path = decode_path(&raw_path);
+        let grpc_work = self.rules.grpc_gates(&raw_path) || self.rules.grpc_gates(&path);
+        let reached = self.rules.route(request.method().as_str(), &path, "");
+        let route_verdict = self.rules.route_verdict(reached.kind);
         if request.version() == Version::HTTP_11 {
+            let passes = !grpc_work && route_verdict == Some(Verdict::Pass);
             match upgrade_protocol(request.headers()).as_deref() {
                 None => {}
-                Some("h2c") => {
-                    // Refused: served as HTTP/1.1 without the upgrade, so a client cannot reach
-                    // the agent's own HTTP/2 past the broker (h2c smuggling).
+                // Only what the rules pass through may upgrade (a WebSocket), ungated.
+                Some(protocol) if protocol != "h2c" && passes => {
+                    return Ok(self.upgrade(request, peer, started).await);
+                }
+                Some(_) => {
+                    // h2c (a client would reach the agent's own HTTP/2 past the broker), or
+                    // an upgrade on a request the rules gate: the upgrade is refused and the
+                    // request served (and gated) as plain HTTP/1.1.
                     request.headers_mut().remove(UPGRADE);
                     request.headers_mut().remove("http2-settings");
                 }
-                Some(_) => return Ok(self.upgrade(request, peer, started).await),
             }
         }
-        let grpc = is_grpc(&request);
         let (mut parts, body) = request.into_parts();
-        let path = decode_path(parts.uri.path());
+        // The body a request is classified or gated by must arrive by this (the rest of a
+        // gated body longer than --max-buffered-body: within the same time from admission).
+        let body_deadline = tokio::time::Instant::from_std(started)
+            .checked_add(self.config.request_body_timeout)
+            .unwrap_or_else(tokio::time::Instant::now);
         // The tenant the SDK's router takes from a REST path (`--tenant-from path`).
         let mut route_tenant = None;
-        let (verdict, transport, body) = if grpc {
-            let gated = self.rules.grpc_gates(parts.uri.path());
-            let verdict = if gated {
-                Verdict::Gate { id: None }
-            } else {
-                Verdict::Pass
-            };
-            (
-                verdict,
-                gated.then_some(self.transports.grpc),
-                Replayed::whole(body),
-            )
-        } else {
-            let reached = self.rules.route(parts.method.as_str(), &path, "");
-            let kind = reached.kind;
-            match self.rules.route_verdict(kind) {
-                Some(verdict) => {
-                    route_tenant = reached.tenant;
-                    let label = (kind != Kind::Pass).then_some(self.transports.rest);
-                    (verdict, label, Replayed::whole(body))
-                }
-                None => match peek(body, self.rules.max_peek_bytes()).await {
-                    Ok((prefix, trailers, rest)) => {
-                        let verdict = self.rules.jsonrpc_verdict(&prefix, rest.is_none());
-                        (
-                            verdict,
-                            Some(self.transports.jsonrpc),
-                            Replayed::new(prefix, trailers, rest),
-                        )
-                    }
-                    Err(_) => {
-                        // The client broke off its own body: nothing to forward.
-                        return Ok(plain(StatusCode::BAD_REQUEST, "request body broken off\n"));
-                    }
-                },
+        let (http_verdict, http_transport, body) = match route_verdict {
+            Some(verdict) => {
+                route_tenant = reached.tenant;
+                let label = (reached.kind != Kind::Pass).then_some(self.transports.rest);
+                (verdict, label, Replayed::whole(body))
             }
+            None => match tokio::time::timeout_at(
+                body_deadline,
+                peek(body, self.rules.max_peek_bytes()),
+            )
+            .await
+            {
+                Err(_elapsed) => return Ok(body_timed_out()),
+                Ok(Ok((prefix, trailers, rest))) => {
+                    let verdict = self.rules.jsonrpc_verdict(&prefix, rest.is_none());
+                    (
+                        verdict,
+                        Some(self.transports.jsonrpc),
+                        Replayed::new(prefix, trailers, rest),
+                    )
+                }
+                Ok(Err(_)) => {
+                    // The client broke off its own body: nothing to forward.
+                    return Ok(plain(StatusCode::BAD_REQUEST, "request body broken off\n"));
+                }
+            },
+        };
+        let http_gates = matches!(http_verdict, Verdict::Gate { .. });
+        let (verdict, transport) = if grpc || (grpc_work && !http_gates) {
+            // A gRPC call (as its client says), or a gRPC A2A method path sent as plain HTTP:
+            // counted as gRPC, gated if either rule calls it work.
+            let gated = grpc_work || http_gates;
+            let verdict = match http_verdict {
+                Verdict::Gate { id } => Verdict::Gate { id },
+                Verdict::Pass if gated => Verdict::Gate { id: None },
+                Verdict::Pass => Verdict::Pass,
+            };
+            (verdict, gated.then_some(self.transports.grpc))
+        } else {
+            (http_verdict, http_transport)
         };
         let label = transport.map_or(RequestLabel::Passthrough, RequestLabel::Gated);
+        let mut body = body;
         let permit = match (&verdict, transport) {
             (Verdict::Gate { id }, Some(tid)) => {
+                // The body first (up to --max-buffered-body), then the slot: a client that
+                // sends its body slowly holds no slot meanwhile, and one that leaves while
+                // queued is seen (hyper reads on for the connection's end once the body is
+                // read), so it withdraws, counted as cancelled.
+                body = match tokio::time::timeout_at(
+                    body_deadline,
+                    body.buffered(self.config.max_buffered_body),
+                )
+                .await
+                {
+                    Ok(Ok(body)) => body,
+                    Ok(Err(_)) => {
+                        return Ok(plain(StatusCode::BAD_REQUEST, "request body broken off\n"))
+                    }
+                    Err(_elapsed) => return Ok(body_timed_out()),
+                };
                 let tenant = self.tenant(&parts.headers, route_tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
                 match self.passage.admit_by(&tenant, tid, deadline).await {
                     Ok(permit) => {
+                        // What is left of a longer body must come within the same time.
+                        if let Some(by) = tokio::time::Instant::now()
+                            .checked_add(self.config.request_body_timeout)
+                        {
+                            body.rest_by(by);
+                        }
                         if let Some(deadline) = deadline {
                             // The agent sees what its caller still waits, after the queue.
                             deadline::rewrite_remaining(
@@ -318,7 +387,12 @@ impl Broker {
         let over_h2 = grpc || self.h2_upstream(parts.version);
         let authority = parts.uri.authority().cloned();
         strip_hop_by_hop(&mut parts.headers, false);
-        if !parts.headers.contains_key(HOST) {
+        if over_h2 {
+            // :authority is the agent's address (the connection's); RFC 9113 §8.3.1 wants a
+            // Host, if any, to carry the same value, and a strict h2 server (the `h2`
+            // library's, hypercorn's) refuses a request whose two differ. So none is sent.
+            parts.headers.remove(HOST);
+        } else if !parts.headers.contains_key(HOST) {
             // An HTTP/2 client names the host in :authority; an HTTP/1.1 agent wants Host.
             if let Some(value) = authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
                 parts.headers.insert(HOST, value);
@@ -332,10 +406,28 @@ impl Broker {
             Version::HTTP_11
         };
         let request = Request::from_parts(parts, body);
-        let answer = if over_h2 {
-            self.http2.request(request).await
-        } else {
-            self.http1.request(request).await
+        let client = if over_h2 { &self.http2 } else { &self.http1 };
+        let (answer, permit) = match permit {
+            None => (client.request(request).await, None),
+            Some(permit) => {
+                // The exchange runs on a task of its own, which holds the slot until the
+                // upstream has answered: a client leaving drops this future, not the
+                // exchange (the agent keeps working; the cap counts runs at the agent).
+                let (tx, rx) = oneshot::channel();
+                tokio::spawn(exchange(
+                    client.clone(),
+                    request,
+                    permit,
+                    self.config.abandoned_response_timeout,
+                    tx,
+                ));
+                match rx.await {
+                    Ok(Ok((response, permit))) => (Ok(response), Some(permit)),
+                    Ok(Err(error)) => (Err(error), None),
+                    // The exchange's task ended without an answer (it panicked).
+                    Err(_) => return plain(StatusCode::BAD_GATEWAY, "upstream unavailable\n"),
+                }
+            }
         };
         let passage = self.passage.clone();
         let record = move || {
@@ -349,10 +441,15 @@ impl Broker {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
                 head.version = Version::HTTP_11;
-                Response::from_parts(
-                    head,
-                    Held::new(body, permit, grpc, Box::new(record)).boxed_unsync(),
-                )
+                let held = Held::new(
+                    body,
+                    permit,
+                    grpc,
+                    self.config.abandoned_response_timeout,
+                    self.config.send_timeout,
+                    Box::new(record),
+                );
+                Response::from_parts(head, held.boxed_unsync())
             }
             Err(error) => {
                 drop(permit);
@@ -407,15 +504,65 @@ impl Broker {
             Ok(response) => {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
-                Response::from_parts(
-                    head,
-                    Held::new(body, None, false, Box::new(record)).boxed_unsync(),
-                )
+                let held = Held::new(
+                    body,
+                    None,
+                    false,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    Box::new(record),
+                );
+                Response::from_parts(head, held.boxed_unsync())
             }
             Err(error) => {
                 record();
                 upstream_failed(false, &error)
             }
+        }
+    }
+}
+
+/// What a gated exchange's task hands back: the upstream's response with the slot, or why
+/// there is none (the slot is freed).
+type Answer = Result<(Response<Incoming>, Permit), hyper_util::client::legacy::Error>;
+
+/// Sends a gated `request` upstream holding `permit`, and hands the response (with the
+/// permit) to `answer`. If the client has gone meanwhile (`answer` closed), the exchange
+/// still runs to its end, the response read and discarded, for at most `abandoned` from
+/// the moment it went: the slot is freed when the agent's exchange has ended, not before.
+async fn exchange(
+    client: Client<HttpConnector, Replayed>,
+    request: Request<Replayed>,
+    permit: Permit,
+    abandoned: Duration,
+    mut answer: oneshot::Sender<Answer>,
+) {
+    let sending = client.request(request);
+    tokio::pin!(sending);
+    let answered = tokio::select! {
+        answered = &mut sending => answered,
+        () = answer.closed() => {
+            let until = tokio::time::Instant::now()
+                .checked_add(abandoned)
+                .unwrap_or_else(tokio::time::Instant::now);
+            if let Ok(Ok(response)) = tokio::time::timeout_at(until, sending).await {
+                discard(response.into_body(), permit, until).await;
+            }
+            return;
+        }
+    };
+    match answered {
+        Ok(response) => {
+            if let Err(Ok((response, permit))) = answer.send(Ok((response, permit))) {
+                let until = tokio::time::Instant::now()
+                    .checked_add(abandoned)
+                    .unwrap_or_else(tokio::time::Instant::now);
+                discard(response.into_body(), permit, until).await;
+            }
+        }
+        Err(error) => {
+            drop(permit);
+            let _ = answer.send(Err(error));
         }
     }
 }
@@ -445,6 +592,16 @@ fn upstream_uri(upstream: &Upstream, target: &str) -> Result<Uri, http::Error> {
         .authority(upstream.authority.clone())
         .path_and_query(target)
         .build()
+}
+
+/// The request's body did not arrive within `--request-body-timeout`: 408, and the
+/// connection closes (the rest of the body is not waited for).
+fn body_timed_out() -> Response<ProxyBody> {
+    let mut response = plain(StatusCode::REQUEST_TIMEOUT, "request body timed out\n");
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {

@@ -1,9 +1,12 @@
 //! Whether the agent behind the broker answers: what `/readyz` and `broker_upstream_up` say.
 //!
 //! The upstream is *up* while it has answered within the last [`DOWN_AFTER`]: a proxied
-//! request that got a response, or a probe. The probe ([`probe`]) asks `GET /` (any status
-//! counts: an answer is an answer) every [`PROBE_INTERVAL`], but only when nothing answered
-//! in the last interval, so a busy agent sees no probes at all and an idle one one a second.
+//! request that got a response, or a probe. The probe ([`probe`]) asks `GET
+//! --readiness-path` (by default the A2A agent card, which an agent serves without side
+//! effects; any status counts: an answer is an answer) every [`PROBE_INTERVAL`], but only
+//! when nothing answered in the last interval, so a busy agent sees no probes at all and an
+//! idle one one a second. It runs only when /readyz is served (`--metrics-listen`): nothing
+//! else reads its result, and the agent should see no request that no client sent.
 //! A probe that gets no answer within [`PROBE_TIMEOUT`] counts as none.
 //!
 //! So an agent that dies (or hangs) is reported down at most [`DOWN_AFTER`] after its last

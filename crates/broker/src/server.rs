@@ -139,10 +139,12 @@ impl Connection {
             return;
         };
         if prefix.starts_with(H2_PREFACE) {
-            self.serve_h2(ClientIo::new(stream, prefix)).await;
+            let send_timeout = self.broker.config.send_timeout;
+            self.serve_h2(ClientIo::new(stream, prefix, send_timeout))
+                .await;
             return;
         }
-        let mut io = ClientIo::new(stream, prefix);
+        let mut io = ClientIo::new(stream, prefix, self.broker.config.send_timeout);
         loop {
             match self.serve_h1(io).await {
                 Served::Done => return,

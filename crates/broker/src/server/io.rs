@@ -1,11 +1,17 @@
-//! A client's socket as hyper sees it: bytes already read are replayed first, and a shutdown
-//! is skipped when the connection is being handed back between exchanges.
+//! A client's socket as hyper sees it: bytes already read are replayed first, a shutdown is
+//! skipped when the connection is being handed back between exchanges, and a client that
+//! accepts none of the bytes the broker has for it for `--send-timeout` fails the
+//! connection (nginx's `send_timeout`): a client that stops reading cannot hold a slot for
+//! ever (its response is then read on and discarded, as for a client that left).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use std::future::Future;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -43,15 +49,54 @@ pub struct ClientIo {
     stream: TcpStream,
     replay: Bytes,
     hand_back: HandBack,
+    /// How long a write may stay blocked (the client reads nothing) before it fails.
+    send_timeout: Duration,
+    /// Running while a write is blocked.
+    write_stall: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ClientIo {
-    /// `stream`, with `replay` (bytes already read from it) to be read first.
-    pub fn new(stream: TcpStream, replay: Bytes) -> Self {
+    /// `stream`, with `replay` (bytes already read from it) to be read first; a write
+    /// blocked for `send_timeout` fails.
+    pub fn new(stream: TcpStream, replay: Bytes, send_timeout: Duration) -> Self {
         Self {
             stream,
             replay,
             hand_back: HandBack(Arc::new(AtomicU8::new(SERVING))),
+            send_timeout,
+            write_stall: None,
+        }
+    }
+
+    /// A write is blocked: pending until `send_timeout` has passed since it first blocked,
+    /// then an error (hyper ends the connection).
+    fn blocked<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let timeout = self.send_timeout;
+        let stall = self
+            .write_stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stall.as_mut().poll(cx).is_ready() {
+            self.write_stall = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client accepted none of its response within send_timeout",
+            )));
+        }
+        Poll::Pending
+    }
+
+    /// What a write polled: progress ends a stall, a block starts or continues one.
+    fn wrote<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Pending => self.blocked(cx),
+            ready => {
+                self.write_stall = None;
+                ready
+            }
         }
     }
 
@@ -111,7 +156,8 @@ impl AsyncWrite for ClientIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -119,7 +165,8 @@ impl AsyncWrite for ClientIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
