@@ -572,7 +572,8 @@ impl Config {
         let max_buffered_body = pick!(max_buffered_body).unwrap_or(1 << 20);
         if !(1..=(1 << 30)).contains(&max_buffered_body) {
             return err(format!(
-                "max_buffered_body must be in 1..1073741824, got {max_buffered_body}"
+                "{} must be in 1..1073741824, got {max_buffered_body}",
+                name!(max_buffered_body)
             ));
         }
         let readiness_path = match pick!(readiness_path) {
@@ -583,7 +584,8 @@ impl Config {
             Some(path) if path.starts_with('/') && path.parse::<http::Uri>().is_ok() => path,
             Some(path) => {
                 return err(format!(
-                    "readiness_path must be a request path starting with /, got {path:?}"
+                    "{} must be a request path starting with /, got {path:?}",
+                    name!(readiness_path)
                 ))
             }
         };
@@ -627,17 +629,21 @@ impl Config {
             memory_hard_ratio: hard,
             memory_cgroup: pick!(memory_cgroup).unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
             request_body_timeout: seconds(
-                "request_body_timeout",
+                &name!(request_body_timeout),
                 pick!(request_body_timeout).unwrap_or(30.0),
                 false,
             )?,
             max_buffered_body,
             abandoned_response_timeout: seconds(
-                "abandoned_response_timeout",
+                &name!(abandoned_response_timeout),
                 pick!(abandoned_response_timeout).unwrap_or(60.0),
                 true,
             )?,
-            send_timeout: seconds("send_timeout", pick!(send_timeout).unwrap_or(60.0), false)?,
+            send_timeout: seconds(
+                &name!(send_timeout),
+                pick!(send_timeout).unwrap_or(60.0),
+                false,
+            )?,
             readiness_path,
         })
     }
@@ -760,23 +766,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.abandoned_response_timeout, Duration::ZERO);
         assert_eq!(c.readiness_path, "/healthz");
-        for (flag, value, named) in [
-            ("--request-body-timeout", "0", "request_body_timeout"),
-            ("--request-body-timeout", "NaN", "request_body_timeout"),
-            (
-                "--abandoned-response-timeout",
-                "-1",
-                "abandoned_response_timeout",
-            ),
-            ("--max-buffered-body", "0", "max_buffered_body"),
-            ("--send-timeout", "0", "send_timeout"),
-            ("--readiness-path", "healthz", "readiness_path"),
+        // Each bad value is named by the flag as typed (not the setting's snake_case name).
+        for (flag, value) in [
+            ("--request-body-timeout", "0"),
+            ("--request-body-timeout", "NaN"),
+            ("--abandoned-response-timeout", "-1"),
+            ("--max-buffered-body", "0"),
+            ("--send-timeout", "0"),
+            ("--readiness-path", "healthz"),
         ] {
             let e = Config::from_args(["b", "--upstream", "http://x:1", flag, value])
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains(named) && e.contains(value),
+                e.contains(flag) && e.contains(value) && !e.contains('_'),
                 "{flag} {value}: {e}"
             );
         }
