@@ -349,6 +349,7 @@ class FleetControllerModel(RuleBasedStateMachine):
 
         async def shutdown() -> None:
             for gate in self.gates:
+                assert gate.fleet is not None
                 await gate.fleet.shutdown()
 
         loop.run_until_complete(shutdown())
