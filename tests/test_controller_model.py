@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from admitgate import AdaptiveLimit, AdmissionGate, AdmissionRejected, build_admission_gate
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -64,7 +64,18 @@ settings.register_profile(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-PROFILE = "controller-long" if os.environ.get("HYPOTHESIS_PROFILE") == "long" else "controller-ci"
+settings.register_profile(
+    "controller-debug",  # find a failure and print its steps: no shrinking, no replay
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
+PROFILE = {"long": "controller-long", "debug": "controller-debug"}.get(
+    os.environ.get("HYPOTHESIS_PROFILE", ""), "controller-ci"
+)
 
 
 @dataclass
@@ -291,11 +302,19 @@ class ControllerModel(RuleBasedStateMachine):
         cancelled = sum(1 for o in settled if o == "cancelled")
         assert {r.split(":", 1)[1] for r in rejected} <= DOCUMENTED, rejected
         assert stats["admitted"] == admitted, (stats, admitted)
-        assert stats["rejected"] == len(rejected), (stats, rejected)
         assert stats["cancelled"] == cancelled, (stats, cancelled)
-        assert stats["in_flight"] == len(self.running()), stats
-        assert stats["queued"] == len(self.waiting()), stats
         assert stats["shed"] == 0
+        # A waiter the gate has just granted or refused (a timer may fire in the very last
+        # loop iteration before this check) has not seen it yet: the model still counts it
+        # waiting while the gate counts it running or rejected. So the gate is at or past the
+        # model, and every arrival is in exactly one place on both sides.
+        waiting, running = len(self.waiting()), len(self.running())
+        assert stats["rejected"] >= len(rejected) and stats["queued"] <= waiting, (stats, rejected)
+        assert stats["in_flight"] >= running, stats
+        assert (
+            stats["rejected"] + stats["queued"] + stats["in_flight"]
+            == len(rejected) + waiting + running
+        ), (stats, rejected, waiting, running)
 
 
 ControllerModel.TestCase.settings = settings.get_profile(PROFILE)
