@@ -458,12 +458,15 @@ def test_under_a_standing_queue_each_waiter_leaves_at_about_one_service_time():
         return began, waits
 
     began, waits = asyncio.run(main())
+    # Each waiter that came well before the slots freed left at its cap; the last of them
+    # (10 ms from the release, due 50 ms after it came) may also be served, on a machine slow
+    # enough to run the two newest turns before its timer.
     for i in range(10):
         outcome, waited = waits[i]
-        assert outcome == "timeout", waits
+        assert outcome == "timeout" or (i == 9 and outcome == "ran"), waits
         # At most the standing interval (two service times) and one more, plus timer slack;
         # before, each waited until the slots were freed (the first 0.4 s).
-        assert waited < 0.1 + 0.05 + 0.06, (i, waits)
+        assert outcome == "ran" or waited < 0.1 + 0.05 + 0.06, (i, waits)
     assert waits[10][0] == waits[11][0] == "ran", waits
 
 
