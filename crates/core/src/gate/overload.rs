@@ -25,7 +25,7 @@
 //! met and granted whenever it still can, and under a standing queue each waiter leaves at
 //! about one service time even when no slot is freed meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::{GateState, Rejection, Wakes};
@@ -61,9 +61,14 @@ pub(super) struct Overload {
     service: ServiceTime,
     /// The latest time the gate was given.
     now: Duration,
-    /// The deadline of each waiter that has one (entries of waiters gone are dropped when
-    /// looked up, and purged as they pile up).
-    deadlines: HashMap<WaiterKey, Duration>,
+    /// The deadline of each waiter that has one, with its place in `by_deadline` (entries of
+    /// waiters gone are dropped when met, and purged as they pile up).
+    deadlines: HashMap<WaiterKey, (Duration, u64)>,
+    /// The same waiters by deadline (then arrival): those a grown estimate no longer fits are
+    /// a prefix, found without a scan of the queue.
+    by_deadline: BTreeMap<(Duration, u64), WaiterKey>,
+    /// Numbers the entries, to order equal deadlines.
+    deadline_seq: u64,
 }
 
 impl Overload {
@@ -74,6 +79,8 @@ impl Overload {
             service: ServiceTime::default(),
             now: Duration::ZERO,
             deadlines: HashMap::new(),
+            by_deadline: BTreeMap::new(),
+            deadline_seq: 0,
         }
     }
 
@@ -339,8 +346,18 @@ impl<W> GateState<W> {
                     .lookup(*key)
                     .is_some_and(|(_, record)| record.state == WaiterState::Waiting)
             });
+            overload.by_deadline = overload
+                .deadlines
+                .iter()
+                .map(|(&key, &place)| (place, key))
+                .collect();
         }
-        overload.deadlines.insert(key, deadline);
+        overload.deadline_seq = overload.deadline_seq.wrapping_add(1);
+        let place = (deadline, overload.deadline_seq);
+        if let Some(old) = overload.deadlines.insert(key, place) {
+            overload.by_deadline.remove(&old);
+        }
+        overload.by_deadline.insert(place, key);
     }
 
     /// The deadline of the waiter at `index`, if it has one.
@@ -350,7 +367,7 @@ impl<W> GateState<W> {
             return None;
         }
         let key = self.queue.key(index)?;
-        overload.deadlines.get(&key).copied()
+        overload.deadlines.get(&key).map(|&(deadline, _)| deadline)
     }
 
     /// Whether the waiter at `index` may no longer be granted a slot: its deadline can no
@@ -362,22 +379,25 @@ impl<W> GateState<W> {
         }
     }
 
-    /// Refuses every waiter whose deadline the current estimate no longer fits.
+    /// Refuses every waiter whose deadline the current estimate no longer fits: a prefix of
+    /// the waiters by deadline (less is left of an earlier deadline).
     fn refuse_infeasible(&mut self, wakes: &mut Wakes<W>) {
-        let Some(overload) = self.overload.as_ref() else {
-            return;
-        };
-        let now = overload.now;
-        let due: Vec<WaiterKey> = overload
-            .deadlines
-            .iter()
-            .filter(|(_, deadline)| self.misses_deadline(**deadline, now))
-            .map(|(key, _)| *key)
-            .collect();
-        for key in due {
+        let mut due = Vec::new();
+        if let Some(overload) = self.overload.as_ref() {
+            let now = overload.now;
+            for (&place, &key) in &overload.by_deadline {
+                if !self.misses_deadline(place.0, now) {
+                    break;
+                }
+                due.push((place, key));
+            }
+        }
+        for (place, key) in due {
             if let Some(overload) = self.overload.as_mut() {
+                overload.by_deadline.remove(&place);
                 overload.deadlines.remove(&key);
             }
+            // A waiter gone already (granted, refused, withdrawn) is left alone.
             self.expire_for(key, Rejection::Deadline, wakes);
         }
     }
