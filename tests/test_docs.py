@@ -90,3 +90,45 @@ def test_the_all_extra_installs_every_module_the_examples_import():
                 if not dists & installed:
                     missing[f"{example.name}: {module}"] = sorted(dists)
     assert not missing, f"imported by examples, not brought by [all]: {missing}"
+
+
+# -- every python block runs, or is a fragment that compiles (issue 22 item 21) ---------------
+
+FRAGMENT_TITLE = "fragment"
+"""A ```python block titled ``fragment...`` (``title="fragment: what it shows"``) is a part of a
+program, not one: it must compile (top-level ``await``/``async with`` allowed), nothing more."""
+
+
+def python_blocks() -> list[tuple[str, str, str]]:
+    """(page, title, code) for each ```python block of the docs."""
+    pattern = re.compile(r'^```python(?:[ \t]+title="([^"]*)")?[^\n]*\n(.*?)^```$', re.M | re.S)
+    return [
+        (page.name, title, code)
+        for page in sorted(DOCS.glob("*.md"))
+        for title, code in pattern.findall(page.read_text())
+    ]
+
+
+def test_there_are_python_blocks_to_check():
+    assert len(python_blocks()) >= 15
+
+
+@pytest.mark.parametrize(
+    "page, title, code",
+    [pytest.param(*b, id=f"{b[0]}: {b[1] or b[2][:30]}") for b in python_blocks()],
+)
+def test_every_python_block_is_a_whole_example_or_a_fragment_that_compiles(page, title, code):
+    """A block is either the include of an example (``--8<-- "examples/NAME.py"`` alone, a
+    complete program that tests/test_examples.py runs) or marked ``title="fragment..."`` and
+    compiles. Output shown as code (``gate.stats()`` followed by its dict) is neither: show it
+    as ``pycon`` or ``text``."""
+    include = re.fullmatch(r'--8<-- "examples/([\w.]+\.py)"\n', code)
+    if include:
+        assert (ROOT / "examples" / include.group(1)).is_file(), (page, include.group(1))
+        assert title == f"examples/{include.group(1)}", (page, title)
+        return
+    assert title.startswith(FRAGMENT_TITLE), (
+        f"{page}: a python block that is neither an example's include nor titled "
+        f'"{FRAGMENT_TITLE}: ...":\n{code}'
+    )
+    compile(code, f"{page} ({title})", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)

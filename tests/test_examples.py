@@ -78,6 +78,11 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^c: refused \(memory_pressure, retry after 5\.0 s\)$",
         r"^a: ran / b: ran$",
     ],
+    "overload.py": [
+        r"^learned ceiling: [2-5] \(the provider runs 3\)$",
+        r"^provider 429s: \d+ of \d+ calls$",
+        r"^with every slot taken, 5 ms left: deadline$",
+    ],
     "check_config.py": [
         r"^ceiling 32 soft RSS 921\.6 MiB$",
         r"^queue_depth from override$",

@@ -394,3 +394,73 @@ def test_a_forked_child_never_gives_back_the_parents_turn_lease(redis_server: Re
         time.sleep(0.01)
     assert r.zcard(f"{{{key}}}:holders") == 0
     settled(gate, 1)
+
+
+# -- issue 22 item 14: the caller's deadline bounds the wait for the lease ---------------------
+
+
+def test_deadline_s_bounds_the_wait_for_the_lease(redis_server: RedisServer) -> None:
+    """Fails before the fix: with ``fleet=``, a turn that held its local slot and waited for
+    its lease was bounded by the queue timeout alone: ``deadline_s=0.3`` ran at 1.8 s. Now it is
+    refused with ``deadline`` (504) once less of its deadline is left than a turn takes; a
+    queue timeout that comes first refuses it with ``timeout``, as in the local queue."""
+    key = new_key()
+    there = build_admission_gate(max_concurrent_runs=2, fleet=FleetLimit(redis_server.url, key, 1))
+    gates = {
+        timeout_s: build_admission_gate(
+            max_concurrent_runs=2,
+            queue_depth=4,
+            queue_timeout_s=timeout_s,
+            fleet=FleetLimit(redis_server.url, key, 1),
+        )
+        for timeout_s in (None, 0.2)
+    }
+    assert there is not None and all(gates.values())
+
+    async def scenario() -> None:
+        holder = Turns(there)
+        held = holder.start(1)
+        await eventually(lambda: holder.entered == 1, "the fleet's one lease is held")
+        for deadline_s, timeout_s, reason in ((0.3, None, "deadline"), (5.0, 0.2, "timeout")):
+            began = time.monotonic()
+            with pytest.raises(AdmissionRejected) as err:
+                async with gates[timeout_s].admit(deadline_s=deadline_s):
+                    raise AssertionError("ran without a lease")
+            waited = time.monotonic() - began
+            assert err.value.reason == reason, (deadline_s, err.value)
+            assert waited < min(deadline_s, timeout_s or deadline_s) + 0.3, waited
+        holder.leave.set()
+        await asyncio.gather(*held)
+
+    run(scenario(), timeout=10)
+    for gate in gates.values():
+        s = gate.stats()
+        assert (s["rejected"], s["admitted"], s["in_flight"], s["queued"]) == (1, 0, 0, 0), s
+
+
+def test_admit_sync_deadline_s_bounds_the_wait_for_the_lease(redis_server: RedisServer) -> None:
+    key = new_key()
+    there = build_admission_gate(max_concurrent_runs=2, fleet=FleetLimit(redis_server.url, key, 1))
+    here = build_admission_gate(max_concurrent_runs=2, fleet=FleetLimit(redis_server.url, key, 1))
+    assert here is not None and there is not None
+    entered, leave = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with there.admit_sync():
+            entered.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert entered.wait(5)
+        began = time.monotonic()
+        with pytest.raises(AdmissionRejected) as err, here.admit_sync(deadline_s=0.3):
+            raise AssertionError("ran without a lease")
+        assert err.value.reason == "deadline"
+        assert time.monotonic() - began < 0.6
+    finally:
+        leave.set()
+        thread.join()
+    s = here.stats()
+    assert (s["rejected"], s["in_flight"]) == (1, 0), s

@@ -370,3 +370,59 @@ def test_the_throttled_marks_value_is_seconds_or_no_hint() -> None:
     assert throttle_hint(b"2.5") == 2.5 and throttle_hint("1") == 1.0 and throttle_hint(b" 0 ") == 0
     for bad in (b"", b"yes", b"-1", b"1e3", "\u0663".encode(), b"86401", b"1.2.3", b"9" * 17):
         assert throttle_hint(bad) is None, bad
+
+
+# -- issue 22 item 10: a Retry-After of 0 is a valid hint ------------------------------------
+
+
+def test_a_throttled_header_of_zero_over_uvicorn_is_a_throttle_with_no_hold() -> None:
+    """Fails before the fix: ``admitgate-throttled: 0`` made ``report_throttled(0.0)`` raise
+    inside the middleware, so the client got a 500 with an empty body and the limit stayed."""
+    from _a2a_app import ServerThread
+
+    gate = adaptive_gate()
+    headers = [(b"content-type", b"application/json"), (b"admitgate-throttled", b"0")]
+    server = ServerThread()
+    server.start(AdmissionMiddleware(_header_app(headers, 429), gate))
+    try:
+        response = httpx.post(f"{server.url}/message:send", json=send_params("x"), timeout=10)
+    finally:
+        server.stop()
+    assert response.status_code == 429, response
+    assert response.content == b"{}"
+    assert "admitgate-throttled" not in response.headers
+    assert gate.limit < INITIAL and gate.stats()["in_flight"] == 0
+
+
+def test_a_throttled_trailer_of_zero_over_grpc_aio_is_a_throttle_with_no_hold() -> None:
+    """Fails before the fix: over gRPC the details became "Unexpected ValueError", the trailer
+    was not stripped and the limit stayed."""
+
+    async def answered(request: bytes, context: Any) -> bytes:
+        context.set_trailing_metadata((("admitgate-throttled", "0"), ("x-kept", "yes")))
+        context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+        context.set_details("provider said 429")
+        return b""
+
+    gate = adaptive_gate()
+    err = asyncio.run(_raw_call(answered, [AdmissionInterceptor(gate)]))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.details() == "provider said 429"
+    trailers = dict(err.trailing_metadata() or ())
+    assert "admitgate-throttled" not in trailers and trailers.get("x-kept") == "yes", trailers
+    assert gate.limit < INITIAL and gate.stats()["in_flight"] == 0
+
+
+def test_report_throttled_takes_zero_and_refuses_negative_or_nan() -> None:
+    gate = adaptive_gate()
+
+    async def main() -> None:
+        async with gate.admit() as turn:
+            turn.report_throttled(0)
+            turn.report_throttled(0.0)
+            for bad in (-1, float("nan"), float("inf"), "soon"):
+                with pytest.raises(ValueError, match="retry_after_s"):
+                    turn.report_throttled(bad)
+
+    asyncio.run(main())
+    assert gate.limit < INITIAL

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import admitgate
 import pytest
@@ -18,7 +19,9 @@ from admitgate import AdaptiveLimit, AdmissionRejected, build_admission_gate
     ("kwargs", "message"),
     [
         ({"min_limit": 0}, "min_limit must be >= 1, got 0"),
-        ({"min_limit": -3}, "min_limit must be >= 0, got -3"),
+        ({"min_limit": -3}, "min_limit must be >= 1, got -3"),
+        ({"min_limit": -1}, "min_limit must be >= 1, got -1"),
+        ({"initial_limit": -2}, "initial_limit must be >= 1, got -2"),
         ({"initial_limit": 0}, "initial_limit must be >= 1, got 0"),
         ({"initial_limit": "x"}, "initial_limit must be an integer, got 'x'"),
         ({"min_limit": 5, "initial_limit": 2}, "initial_limit (2) must be >= min_limit (5)"),
@@ -120,10 +123,74 @@ def test_report_throttled_moves_the_ceiling_and_retry_after_holds_growth():
             await t.__aexit__(None, None, None)
         # The refused call started with 3 others running: the provider admits 3.
         assert gate.limit == 3
-        with pytest.raises(ValueError, match="retry_after_s must be a positive number"):
+        with pytest.raises(ValueError, match="retry_after_s must be a number of seconds >= 0"):
             entered[0].report_throttled(retry_after_s=-1)
 
     asyncio.run(main())
+
+
+def test_reconfigure_moves_the_adaptive_ceilings_bound_both_ways():
+    """Issue 22 item 16. Fails before the fix: after ``reconfigure(max_concurrent_runs=64)``
+    ``stats()`` said 64 but the limit stayed at the construction-time 8 with turns waiting."""
+
+    async def rounds(gate, n: int, width: int) -> None:
+        async def turn():
+            async with gate.admit():
+                await asyncio.sleep(0.005)
+
+        for _ in range(n):
+            await asyncio.gather(*(turn() for _ in range(width)))
+
+    async def main():
+        gate = build_admission_gate(
+            max_concurrent_runs=8, queue_depth=256, adaptive=AdaptiveLimit(initial_limit=8)
+        )
+        await rounds(gate, 3, 40)
+        assert gate.limit == 8
+        gate.reconfigure(max_concurrent_runs=64)
+        assert gate.stats()["max_concurrent_runs"] == 64
+        await rounds(gate, 12, 80)
+        assert gate.limit > 8, gate.stats()
+        assert gate.limit <= 64
+        gate.reconfigure(max_concurrent_runs=3)
+        assert gate.limit == 3
+        # Raised again, it starts from 3 (what it may run now), not from a bound it hid.
+        gate.reconfigure(max_concurrent_runs=64)
+        assert gate.limit == 3
+        await rounds(gate, 12, 80)
+        assert 3 < gate.limit <= 64, gate.stats()
+
+    asyncio.run(main())
+
+
+def test_time_waiting_for_a_person_is_not_provider_latency():
+    """Issue 22 item 15. Fails before the fix: a turn that lent its slot to a human-approval
+    wait was timed from its start to its end, wait included, so with 20 ms of provider time
+    per turn the waits read as latency inflation and lowered the ceiling (16 to 9-10)."""
+    from praisonaiagents.approval.registry import HUMAN_WAIT_SCOPE
+
+    async def main():
+        gate = build_admission_gate(
+            max_concurrent_runs=16, queue_depth=64, adaptive=AdaptiveLimit(initial_limit=16)
+        )
+
+        async def turn(person_s: float) -> None:
+            async with gate.admit():
+                await asyncio.sleep(0.01)  # the provider
+                if person_s:
+                    async with HUMAN_WAIT_SCOPE.get()():
+                        await asyncio.sleep(person_s)  # a person decides; the slot is lent
+                await asyncio.sleep(0.01)  # the provider again
+
+        for _ in range(12):
+            await asyncio.gather(*(turn(0) for _ in range(16)))
+        for _ in range(10):
+            await asyncio.gather(*(turn(0.2) for _ in range(16)))
+        return gate
+
+    gate = asyncio.run(main())
+    assert gate.limit == 16, gate.stats()
+    assert gate.stats()["awaiting_human"] == 0
 
 
 def test_an_unrelated_error_does_not_count_as_a_throttle():
@@ -207,6 +274,108 @@ def test_admit_sync_deadline_refuses_while_waiting():
         thread.join()
 
 
+def test_a_waiters_deadline_is_rechecked_against_the_estimate_as_it_moves():
+    """Issue 22 item 13. Fails before the fix: the check was frozen at enqueue as "deadline
+    minus the estimate then". A waiter queued under a slow estimate was refused at that time
+    although turns had become fast (1 s left, turns of 10 ms); one queued under a fast estimate
+    was granted although turns had become slow (0.2 s left, turns of ~0.6 s)."""
+
+    async def run(scope: str, seconds: float, gate) -> None:
+        # A deadline turns the gate's timing on (a gate without overload control reads no
+        # clock): every turn here is timed, so the estimate follows them.
+        async with gate.admit(session_id=scope, deadline_s=60):
+            await asyncio.sleep(seconds)
+
+    async def became_fast():
+        gate = build_admission_gate(
+            max_concurrent_runs=4, max_concurrent_runs_per_scope=1, queue_depth=8
+        )
+        await asyncio.gather(*(run(f"slow{i}", 0.4, gate) for i in range(3)))
+        release = asyncio.Event()
+
+        async def holder():
+            async with gate.admit(session_id="a"):
+                await release.wait()
+
+        held = asyncio.ensure_future(holder())
+        await asyncio.sleep(0.01)
+        # 1 s of deadline, 0.4 s expected: before, refused at 0.6 s whatever came after.
+        waiter = asyncio.ensure_future(gate.admit(session_id="a", deadline_s=1.0).__aenter__())
+        began = time.monotonic()
+        while time.monotonic() - began < 0.8:
+            await run("b", 0.005, gate)  # turns become fast: the estimate falls
+        assert not waiter.done(), waiter
+        release.set()
+        await held
+        admission = await waiter  # granted: 0.2 s left is ample for 10 ms turns
+        await admission.__aexit__(None, None, None)
+
+    async def became_slow():
+        gate = build_admission_gate(
+            max_concurrent_runs=10, max_concurrent_runs_per_scope=1, queue_depth=8
+        )
+        await run("x", 0.01, gate)
+        release = asyncio.Event()
+
+        async def holder():
+            async with gate.admit(session_id="a"):
+                await release.wait()
+
+        held = asyncio.ensure_future(holder())
+        await asyncio.sleep(0.01)
+        began = time.monotonic()
+        waiter = asyncio.ensure_future(gate.admit(session_id="a", deadline_s=1.2).__aenter__())
+        # Turns become slow: eight of 0.9 s end together, the estimate grows to ~0.6 s.
+        await asyncio.gather(*(run(f"b{i}", 0.9, gate) for i in range(8)))
+        # 0.3 s left, a turn expected to take 0.6 s: refused now, not granted at 1.19 s.
+        await asyncio.sleep(0.02)
+        assert waiter.done(), "still waiting with a deadline it can no longer meet"
+        assert waiter.exception().reason == "deadline"
+        assert time.monotonic() - began < 1.0
+        release.set()
+        await held
+
+    asyncio.run(became_fast())
+    asyncio.run(became_slow())
+
+
+def test_admit_sync_rechecks_a_waiters_deadline_as_the_estimate_falls():
+    """Item 13 for ``admit_sync``: the blocked thread's look at its deadline is re-armed."""
+    gate = build_admission_gate(
+        max_concurrent_runs=2, max_concurrent_runs_per_scope=1, queue_depth=4
+    )
+    for _ in range(2):
+        with gate.admit_sync(session_id="slow", deadline_s=60):  # timed: see above
+            time.sleep(0.4)
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with gate.admit_sync(session_id="a"):
+            held.set()
+            release.wait(5)
+
+    def fast_turns():
+        began = time.monotonic()
+        while time.monotonic() - began < 0.8:
+            with gate.admit_sync(session_id="b", deadline_s=60):
+                time.sleep(0.005)
+        release.set()
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=fast_turns)]
+    threads[0].start()
+    held.wait(2)
+    threads[1].start()
+    try:
+        # Queued with 1 s of deadline under a 0.4 s estimate: before, refused at 0.6 s; now
+        # granted when the holder leaves at ~0.8 s (0.2 s left, turns of 5 ms).
+        with gate.admit_sync(session_id="a", deadline_s=1.0):
+            pass
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+
+
 # -- the adaptive queue ---------------------------------------------------------------------
 
 
@@ -242,6 +411,63 @@ def test_a_standing_queue_serves_the_newest_first_and_refuses_the_stale():
     # The newest waiter ran first; the oldest, waiting far past the cap, were refused.
     assert outcomes[7] == "ran 0", outcomes
     assert outcomes[0] == outcomes[1] == "timeout", outcomes
+
+
+def test_under_a_standing_queue_each_waiter_leaves_at_about_one_service_time():
+    """Issue 22 item 17. Fails before the fix: the cap applied only when a slot was handed
+    out, so with both slots held for 0.4 s (service time 50 ms) every waiter sat until they
+    were freed, and then all were refused at once (the newest too) with the freed slots left
+    idle. Now a timer refuses each at about one service time after the queue stands, and the
+    newest waiters left when slots free take them."""
+
+    async def main():
+        gate = build_admission_gate(
+            max_concurrent_runs=2, queue_depth=64, queue_discipline="adaptive"
+        )
+        for _ in range(3):
+            async with gate.admit():
+                await asyncio.sleep(0.05)  # a 50 ms service time
+        release = asyncio.Event()
+        waits: dict[int, tuple[str, float]] = {}
+
+        async def holder():
+            async with gate.admit():
+                await release.wait()
+
+        async def waiter(i: int) -> None:
+            began = time.monotonic()
+            try:
+                async with gate.admit():
+                    waits[i] = ("ran", time.monotonic() - began)
+                    await asyncio.sleep(0.05)
+            except AdmissionRejected as err:
+                waits[i] = (err.reason, time.monotonic() - began)
+
+        holders = [asyncio.ensure_future(holder()) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        began = time.monotonic()
+        tasks = []
+        for i in range(10):
+            tasks.append(asyncio.ensure_future(waiter(i)))
+            await asyncio.sleep(0.04)
+        # The last two arrive just before the slots free: they are served, not refused.
+        late = [asyncio.ensure_future(waiter(10 + i)) for i in range(2)]
+        await asyncio.sleep(0.005)
+        release.set()
+        await asyncio.gather(*holders, *tasks, *late)
+        return began, waits
+
+    began, waits = asyncio.run(main())
+    # Each waiter that came well before the slots freed left at its cap; the last of them
+    # (10 ms from the release, due 50 ms after it came) may also be served, on a machine slow
+    # enough to run the two newest turns before its timer.
+    for i in range(10):
+        outcome, waited = waits[i]
+        assert outcome == "timeout" or (i == 9 and outcome == "ran"), waits
+        # At most the standing interval (two service times) and one more, plus timer slack;
+        # before, each waited until the slots were freed (the first 0.4 s).
+        assert outcome == "ran" or waited < 0.1 + 0.05 + 0.06, (i, waits)
+    assert waits[10][0] == waits[11][0] == "ran", waits
 
 
 def test_fifo_is_todays_order():

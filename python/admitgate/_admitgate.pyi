@@ -380,7 +380,7 @@ class Admission:
         otherwise or until some turn of the gate has ended."""
     def report_throttled(self, retry_after_s: float | None = None) -> None:
         """Reports that the provider throttled this turn's call (429), with its
-        ``Retry-After`` in seconds if sent. With ``adaptive=`` the ceiling moves when the
+        ``Retry-After`` in seconds if sent (a number >= 0; 0 holds nothing). With ``adaptive=`` the ceiling moves when the
         turn ends (an exception of ``AdaptiveLimit.throttle_on`` leaving the block reports
         the same); elsewhere it is ignored."""
     def report_remaining(self, requests: int) -> None:

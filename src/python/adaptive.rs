@@ -48,6 +48,17 @@ impl PyAdaptiveLimit {
         throttle_on: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let positive = |arg: &'static str, value: &Bound<'_, PyAny>| -> PyResult<u32> {
+            // 1 is the least either takes: said so for a negative int too, not the
+            // generic count's ">= 0".
+            let below_one = value.is_instance_of::<pyo3::types::PyInt>()
+                && !value.is_instance_of::<pyo3::types::PyBool>()
+                && value.lt(1i64)?;
+            if below_one {
+                return Err(PyValueError::new_err(format!(
+                    "{arg} must be >= 1, got {}",
+                    repr(value)
+                )));
+            }
             let n = args::count(arg, value)?;
             if n == 0 {
                 return Err(PyValueError::new_err(format!(

@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_passage::turn::{Arrived, Claimed, NotLeasing, Report};
+use admitgate_passage::turn::{Arrived, Claimed, NotLeasing, Report, WaitEnd};
 use admitgate_passage::{Turn, TurnLease};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
@@ -78,8 +78,8 @@ pub struct AdmitArgs {
 pub(super) enum Entry {
     /// Runs now (or the gate is disabled), or with a fleet limit waits for its lease.
     Running,
-    /// Waits under `key`, until the deadline at the latest (refused then for its reason).
-    Queued(WaiterKey, Option<(Duration, Rejection)>),
+    /// Waits under `key`, looked at (refused then if due, for its reason) at each end.
+    Queued(WaiterKey, Option<WaitEnd>),
 }
 
 impl Admission {
@@ -124,11 +124,17 @@ impl Admission {
         self.turn.lock().register(&**core, waker)
     }
 
-    /// Refuses the queued turn for `reason` unless a slot was granted first.
-    pub fn expire(&self, reason: Rejection) {
+    /// The queued turn's wait reached `end`: refused if due (unless a slot was granted
+    /// first). Returns the next end to wait for, if the turn still waits and has one.
+    pub fn expire(&self, end: &WaitEnd) -> Option<WaitEnd> {
         let core = self.core();
-        let wakes = self.turn.lock().expire(&**core, reason);
+        let (wakes, next) = {
+            let turn = self.turn.lock();
+            let wakes = turn.expire(&**core, end, now());
+            (wakes, turn.next_end(&**core, end))
+        };
         wakes.run();
+        next
     }
 
     /// What became of the queued turn; a turn granted its slot is entered
@@ -258,8 +264,23 @@ impl Admission {
         Self::lease_ended(admission, None);
     }
 
-    /// The fleet limit's deadline for the lease wait: the queue timeout (and `admit_sync`'s
-    /// own), counted from the arrival, like the local wait's.
+    /// When the wait for the fleet lease ends, and with which refusal: at `timeout_at` (the
+    /// queue timeout, counted from the arrival) with `timeout`, or, when it comes first, once
+    /// less of `deadline_s` is left than a turn takes (at the estimate when the lease is asked
+    /// for) with `deadline`, as the local wait does: the caller's deadline bounds the whole
+    /// wait, slot and lease.
+    pub(super) fn lease_deadline(
+        &self,
+        timeout_at: Option<Duration>,
+    ) -> Option<(Duration, Rejection)> {
+        let core = self.core();
+        let turn = self.turn.lock();
+        turn.wait_deadline(&**core, timeout_at, self.deadline_at)
+            .map(|end| (end.at, end.reason))
+    }
+
+    /// The queue timeout (and `admit_sync`'s own) as a deadline, counted from now (the
+    /// arrival, for a turn that did not queue).
     pub(super) fn deadline(&self) -> Option<Duration> {
         let timeout = match (self.gate.get().queue_timeout(), self.timeout) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -171,6 +171,24 @@ pub fn timeout(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<Option<D
         .map_err(|_| PyValueError::new_err(format!("{arg} is too large, got {}", repr(value))))
 }
 
+/// A hold in seconds that may be 0 (a provider's `Retry-After: 0`): `None` for none, else a
+/// finite number `>= 0`.
+pub fn hold(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<Option<Duration>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let seconds = number(arg, value)?;
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "{arg} must be a number of seconds >= 0 or None, got {}",
+            repr(value)
+        )));
+    }
+    Duration::try_from_secs_f64(seconds)
+        .map(Some)
+        .map_err(|_| PyValueError::new_err(format!("{arg} is too large, got {}", repr(value))))
+}
+
 /// A live count handed to `decide` (`in_flight` and the like): a non-negative int.
 pub fn fact(arg: &'static str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {

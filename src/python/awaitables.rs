@@ -9,9 +9,8 @@
 //! is returned exactly once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use admitgate_passage::turn::Claimed;
+use admitgate_passage::turn::{Claimed, WaitEnd};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
 use pyo3::prelude::*;
@@ -24,7 +23,7 @@ use super::pressure_check;
 use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
-use admitgate_core::{Registered, Rejection, WaiterKey};
+use admitgate_core::{Registered, WaiterKey};
 
 struct WaitState {
     fut: Option<Py<PyAny>>,
@@ -40,9 +39,9 @@ pub struct Wait {
     admission: Py<Admission>,
     core: Arc<Core>,
     key: WaiterKey,
-    /// When the queue timeout (or the caller's deadline) refuses the turn, on [`now`]'s
-    /// clock, and with which reason.
-    deadline: Option<(Duration, Rejection)>,
+    /// The first look at the wait (its deadline, the adaptive queue's cap, its queue
+    /// timeout), on [`now`]'s clock.
+    deadline: Option<WaitEnd>,
     /// A fleet lease follows the slot (`LeaseWait` drives this wait and starts the turn).
     lease_follows: bool,
     state: Mutex<WaitState>,
@@ -53,14 +52,37 @@ pub struct Wait {
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct QueueTimer {
     admission: Py<Admission>,
-    reason: Rejection,
+    end: WaitEnd,
+}
+
+impl QueueTimer {
+    /// Schedules the look at `end` on `event_loop`; its handle.
+    fn arm(
+        py: Python<'_>,
+        event_loop: &Bound<'_, PyAny>,
+        admission: Py<Admission>,
+        end: WaitEnd,
+    ) -> PyResult<Py<PyAny>> {
+        let delay = end.at.saturating_sub(now()).as_secs_f64();
+        let timer = Py::new(py, QueueTimer { admission, end })?;
+        Ok(event_loop
+            .call_method1(pyo3::intern!(py, "call_later"), (delay, timer))?
+            .unbind())
+    }
 }
 
 #[pymethods]
 impl QueueTimer {
-    fn __call__(&self) -> PyResult<()> {
+    fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         guard(|| {
-            self.admission.get().expire(self.reason);
+            // A look that refused nothing (the estimate moved since it was set) sets the next
+            // one; the chain ends when the turn stops waiting, at its queue timeout at the
+            // latest. A later handle is not cancelled with the wait: it finds nothing to do.
+            if let Some(next) = self.admission.get().expire(&self.end) {
+                if let Some(event_loop) = running_loop(py)? {
+                    QueueTimer::arm(py, &event_loop, self.admission.clone_ref(py), next)?;
+                }
+            }
             Ok(())
         })
     }
@@ -77,7 +99,7 @@ impl Wait {
         admission: Py<Admission>,
         core: Arc<Core>,
         key: WaiterKey,
-        deadline: Option<(Duration, Rejection)>,
+        deadline: Option<WaitEnd>,
         lease_follows: bool,
     ) -> Self {
         Self {
@@ -166,21 +188,12 @@ impl Wait {
         };
         let fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
         let timer = match self.deadline {
-            Some((deadline, reason)) => {
-                let delay = deadline.saturating_sub(now()).as_secs_f64();
-                let expire = Py::new(
-                    py,
-                    QueueTimer {
-                        admission: self.admission.clone_ref(py),
-                        reason,
-                    },
-                )?;
-                Some(
-                    event_loop
-                        .call_method1(pyo3::intern!(py, "call_later"), (delay, expire))?
-                        .unbind(),
-                )
-            }
+            Some(end) => Some(QueueTimer::arm(
+                py,
+                &event_loop,
+                self.admission.clone_ref(py),
+                end,
+            )?),
             None => None,
         };
         let waker = PyWaker::Loop(LoopWaker {

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_passage::turn::Claimed;
+use admitgate_passage::turn::{Claimed, WaitEnd};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
@@ -20,7 +20,6 @@ use super::pressure_check::{self, WATCH_INTERVAL};
 use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{PyWaker, ThreadSignal};
-use admitgate_core::Rejection;
 
 /// How long one wait lasts before the thread looks at signals again.
 const SLICE: Duration = Duration::from_millis(100);
@@ -42,9 +41,9 @@ impl<'a> BlockingWait<'a> {
         }
     }
 
-    /// Blocks until the turn is granted a slot or refused (the rejection is raised), refused
-    /// at `until`'s deadline on [`now`]'s clock for its reason.
-    pub fn wait(&mut self, py: Python<'_>, until: Option<(Duration, Rejection)>) -> PyResult<()> {
+    /// Blocks until the turn is granted a slot or refused (the rejection is raised), looked at
+    /// (refused if due, for its reason) at each of its wait's ends on [`now`]'s clock.
+    pub fn wait(&mut self, py: Python<'_>, mut until: Option<WaitEnd>) -> PyResult<()> {
         let core = self.admission.gate().get().core.clone();
         // Settled before registering: the claim below finds it.
         let _ = self
@@ -71,13 +70,13 @@ impl<'a> BlockingWait<'a> {
             let held_back = core.held_back();
             let longest = if held_back { WATCH_INTERVAL } else { SLICE };
             let slice = match until {
-                Some((deadline, _)) => deadline.saturating_sub(now()).min(longest),
+                Some(end) => end.at.saturating_sub(now()).min(longest),
                 None => longest,
             };
-            if let (true, Some((_, reason))) = (slice.is_zero(), until) {
-                // Refuses the turn for its reason unless a slot was granted first; the claim
-                // at the top of the loop tells which.
-                self.admission.expire(reason);
+            if let (true, Some(end)) = (slice.is_zero(), until) {
+                // Refuses the turn for its reason if due, unless a slot was granted first; the
+                // claim at the top of the loop tells which. Otherwise it waits for the next.
+                until = self.admission.expire(&end);
                 continue;
             }
             let signal = self.signal.clone();

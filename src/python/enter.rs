@@ -83,7 +83,7 @@ impl Admission {
                             Some(wait),
                             fleet.clone_ref(py),
                             this.lease_scope(py, fleet)?,
-                            until.map(|(at, _)| at),
+                            until.and_then(|end| end.timeout_at()),
                             gate.lease_waits.register(),
                         );
                         Ok(Py::new(py, wait)?.into_any())
@@ -104,7 +104,7 @@ impl Admission {
         }
         let this = slf.get();
         let fleet = this.gate().get().fleet();
-        let deadline = match Self::arrive(slf)? {
+        let timeout_at = match Self::arrive(slf)? {
             Entry::Running => this.deadline(),
             Entry::Queued(key, until) => {
                 let mut wait = BlockingWait::new(this);
@@ -115,7 +115,7 @@ impl Admission {
                 wait.wait(py, until)?;
                 this.waited.store(true, Ordering::Relaxed);
                 Self::enter(slf)?;
-                until.map(|(at, _)| at)
+                until.and_then(|end| end.timeout_at())
             }
         };
         let Some(fleet) = fleet else {
@@ -123,6 +123,7 @@ impl Admission {
         };
         // The local slot is held: now the lease, on this thread too.
         let interrupt = this.gate().get().lease_waits.register();
+        let deadline = this.lease_deadline(timeout_at);
         match acquire_blocking(
             py,
             fleet.get(),
@@ -142,9 +143,9 @@ impl Admission {
                 Self::lease_refused(slf, Rejection::FleetUnavailable);
                 Err(rejection(py, Rejection::FleetUnavailable, Some(retry)))
             }
-            Ok(Err(Blocked::TimedOut)) => {
-                let retry = Self::lease_refused(slf, Rejection::Timeout);
-                Err(rejection(py, Rejection::Timeout, retry))
+            Ok(Err(Blocked::TimedOut(reason))) => {
+                let retry = Self::lease_refused(slf, reason);
+                Err(rejection(py, reason, retry))
             }
             Ok(Err(Blocked::Ended(reason))) => {
                 let retry = Self::lease_refused(slf, reason);
@@ -213,13 +214,14 @@ impl Admission {
     }
 
     /// Reports that the provider throttled this turn's call (HTTP 429, gRPC
-    /// RESOURCE_EXHAUSTED), with its `Retry-After` in seconds if it sent one. On a gate with
-    /// `adaptive=`, the ceiling moves when the turn ends; elsewhere it is ignored.
+    /// RESOURCE_EXHAUSTED), with its `Retry-After` in seconds if it sent one (0 included: no
+    /// hold). On a gate with `adaptive=`, the ceiling moves when the turn ends; elsewhere it
+    /// is ignored.
     #[pyo3(signature = (retry_after_s=None))]
     fn report_throttled(&self, retry_after_s: Option<Bound<'_, PyAny>>) -> PyResult<()> {
         guard(|| {
             let retry_after = match &retry_after_s {
-                Some(v) => args::timeout("retry_after_s", v)?,
+                Some(v) => args::hold("retry_after_s", v)?,
                 None => None,
             };
             self.report.lock().throttled = Some(retry_after);

@@ -25,7 +25,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::awaitable::ready;
 use super::errors::guard;
-use super::runtime::running_loop;
+use super::runtime::{now, running_loop};
 use super::wake::Core;
 use admitgate_passage::Held;
 
@@ -127,13 +127,13 @@ impl HumanWait {
 
     fn suspend(&self) {
         if self.current() && !self.lent.swap(true, Ordering::AcqRel) {
-            self.held.lend(&self.core).run();
+            self.held.lend(&self.core, now()).run();
         }
     }
 
     fn resume(&self) {
         if self.lent.swap(false, Ordering::AcqRel) && self.current() {
-            self.held.take_back(&self.core);
+            self.held.take_back(&self.core, now());
         }
     }
 }

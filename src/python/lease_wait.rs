@@ -4,7 +4,9 @@
 //! [`LeaseWait`] drives the local [`Wait`] first, then awaits the lease (an asyncio future
 //! on admitgate's fleet runtime, `fleet::lease_future`). A cancelled or closed wait drops the
 //! lease future, which withdraws the ticket (or gives back a lease granted at that moment); a
-//! deadline (the queue timeout) or the gate closing cancels it the same way, through the
+//! deadline (the queue timeout, refused with `timeout`, or the caller's `deadline_s`, refused
+//! with `deadline` once less of it is left than a turn takes, whichever comes first) or the
+//! gate closing cancels it the same way, through the
 //! wait's [`Interrupt`]. The turn's counters and its slot are settled by its [`Admission`]
 //! (`lease_granted`, `lease_refused`, `lease_cancelled`), over passage's `Turn`.
 
@@ -44,8 +46,9 @@ pub struct LeaseWait {
     local: Option<Py<Wait>>,
     fleet: Py<PyFleetLimit>,
     scope: Arc<str>,
-    /// When the queue timeout refuses the turn, on [`now`]'s clock.
-    deadline: Option<Duration>,
+    /// When the queue timeout refuses the turn, on [`now`]'s clock (the caller's
+    /// `deadline_s` may end the lease wait first: [`Admission::lease_deadline`]).
+    timeout_at: Option<Duration>,
     interrupt: Arc<Interrupt>,
     state: Mutex<WaitState>,
 }
@@ -61,7 +64,7 @@ impl LeaseWait {
         local: Option<Py<Wait>>,
         fleet: Py<PyFleetLimit>,
         scope: Arc<str>,
-        deadline: Option<Duration>,
+        timeout_at: Option<Duration>,
         interrupt: Arc<Interrupt>,
     ) -> Self {
         Self {
@@ -75,7 +78,7 @@ impl LeaseWait {
             local,
             fleet,
             scope,
-            deadline,
+            timeout_at,
             interrupt,
         }
     }
@@ -106,10 +109,11 @@ impl LeaseWait {
         })?;
         let fut = lease_future(py, self.fleet.get(), self.scope.clone())?;
         *self.interrupt.fut.lock() = Some((fut.clone().unbind(), event_loop.clone().unbind()));
-        let timer = match self.deadline {
-            Some(deadline) => {
+        let ends = self.admission.get().lease_deadline(self.timeout_at);
+        let timer = match ends {
+            Some((deadline, reason)) => {
                 let delay = deadline.saturating_sub(now()).as_secs_f64();
-                let expire = Py::new(py, LeaseTimer::new(self.interrupt.clone()))?;
+                let expire = Py::new(py, LeaseTimer::new(self.interrupt.clone(), reason))?;
                 Some(
                     event_loop
                         .call_method1(pyo3::intern!(py, "call_later"), (delay, expire))?

@@ -589,6 +589,12 @@ impl<W> GateState<W> {
             } else {
                 oldest
             };
+            if self.waiter_misses_deadline(index)
+                && self.refuse_waiter(index, Rejection::Deadline, wakes)
+            {
+                // Its deadline no longer fits the expected turn: the slot goes on.
+                continue;
+            }
             if !self.grant(index, wakes) {
                 // A stale entry (never while the invariants hold): dropping it keeps the loop
                 // finite, and the lane's next refresh files its head again.
@@ -835,6 +841,7 @@ impl<W> GateState<W> {
             let retry = self.retry_hint(self.queue.len(), now);
             return Arrival::Rejected(Rejection::QueueFull, Some(retry));
         };
+        self.remember_deadline(waiter, deadline);
         self.dispatch(0, wakes);
         Arrival::Queued(waiter)
     }
@@ -1051,7 +1058,7 @@ impl<W> GateState<W> {
         wakes: &mut Wakes<W>,
     ) -> u64 {
         self.limits = limits;
-        self.ceiling = self.ceiling_under(limits.max_concurrent_runs);
+        self.ceiling = self.reconfigured_ceiling(limits.max_concurrent_runs);
         // Re-derived under the new ceiling either way: soft pressure with no ceiling admits.
         self.pressure = self.effective_pressure(resource.unwrap_or(self.pressure));
         let mut refused = 0;
@@ -1564,6 +1571,25 @@ impl<W> Gate<W> {
     /// See [`GateState::expire_for`].
     pub fn expire_for(&self, key: WaiterKey, reason: Rejection) -> (bool, Wakes<W>) {
         self.with(|state, wakes| state.expire_for(key, reason, wakes))
+    }
+
+    /// See [`GateState::next_check`].
+    pub fn next_check(
+        &self,
+        key: WaiterKey,
+        deadline: Option<Duration>,
+    ) -> Option<(Duration, Rejection)> {
+        self.state.lock().next_check(key, deadline)
+    }
+
+    /// See [`GateState::recheck`].
+    pub fn recheck(
+        &self,
+        key: WaiterKey,
+        deadline: Option<Duration>,
+        now: Duration,
+    ) -> (bool, Wakes<W>) {
+        self.with(|state, wakes| state.recheck(key, deadline, now, wakes))
     }
 
     /// See [`GateState::register`].

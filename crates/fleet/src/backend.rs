@@ -53,11 +53,11 @@ impl Backend {
         let client = build_client(config)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            // The call's own timers decide what a slow reply means (see `call`); the driver
-            // only ends a call that nobody could still want.
-            .set_response_timeout(Some(
-                config.lease_ttl.saturating_add(config.connect_timeout),
-            ))
+            // The call's own timers decide what a slow reply means (see `call`), and bound
+            // every call: the driver never ends one itself. A driver timeout fired as this
+            // process wakes from a pause (SIGSTOP, a stalled VM) would take a reply already in
+            // the socket for an outage (issue 22 item 20).
+            .set_response_timeout(None)
             // One dial per call: the outage logic, not the driver, decides when to try again.
             .set_number_of_retries(0);
         Ok(Backend {
@@ -137,6 +137,8 @@ impl Backend {
         // `timeout` would take `Duration::MAX` as no bound at all.
         let bound = self.connect_timeout.saturating_add(self.command_timeout);
         let started = Instant::now();
+        // Time this process was not scheduled during the call: not charged to its budget.
+        let mut paused = Duration::ZERO;
         loop {
             let attempts = async {
                 // Ok(Err(failure)): Redis is busy and the call did not run.
@@ -156,17 +158,27 @@ impl Backend {
             };
             tokio::pin!(attempts);
             let answer = loop {
+                let waited_from = Instant::now();
                 match tokio::time::timeout(bound, &mut attempts).await {
                     Ok(answer) => break answer,
-                    Err(_) if started.elapsed() >= self.budget => {
-                        return Err(Failure(format!(
-                            "no answer within {:?} although Redis answers PING",
-                            self.budget
-                        )));
-                    }
                     Err(_) => {
+                        // A timer that fired far later than its bound: this process was not
+                        // scheduled (paused, a stalled VM), and the reply may be waiting in
+                        // the socket. The pause is not the call's: it is not charged to the
+                        // budget, and the call is given its chance to answer below.
+                        let waited = waited_from.elapsed();
+                        if waited > overslept_after(bound) {
+                            paused = paused.saturating_add(waited.saturating_sub(bound));
+                        }
+                        if started.elapsed().saturating_sub(paused) >= self.budget {
+                            return Err(Failure(format!(
+                                "no answer within {:?} although Redis answers PING",
+                                self.budget
+                            )));
+                        }
                         // Is Redis alive? The call may answer meanwhile, which settles it.
                         tokio::select! {
+                            biased;
                             answer = &mut attempts => break answer,
                             alive = self.ping() => if let Err(dead) = alive {
                                 return Err(Failure(format!(
@@ -216,8 +228,7 @@ impl Backend {
                 Ok(Err(e)) if !e.is_timeout() => return Err(self.failure(&e)),
                 _ => {}
             }
-            let late = bound.saturating_add(bound.checked_div(2).unwrap_or_default());
-            let overslept = started.elapsed() > late.saturating_add(PAUSE_SLACK);
+            let overslept = started.elapsed() > overslept_after(bound);
             if !overslept || tries >= 2 {
                 return Err(Failure(format!("PING: no answer within {bound:?}")));
             }
@@ -268,6 +279,14 @@ impl Backend {
     pub(crate) fn outages(&self) -> u64 {
         self.outages.load(Ordering::Relaxed)
     }
+}
+
+/// How long a wait bounded by `bound` may take before the process is taken to have been
+/// paused (not scheduled) during it.
+fn overslept_after(bound: Duration) -> Duration {
+    bound
+        .saturating_add(bound.checked_div(2).unwrap_or_default())
+        .saturating_add(PAUSE_SLACK)
 }
 
 fn build_client(config: &FleetConfig) -> Result<redis::Client, ConfigError> {

@@ -52,10 +52,15 @@
 //!
 //! * **Redis down:** the fleet's `on_backend_error` applies as it does to every lease. No
 //!   proposal is sent; the replica's controller goes on learning from its own turns, and its
-//!   local ceiling (the gate's) follows it. So with `local`, a replica admits at most its last
-//!   learned value (the fleet's, the last it read), lowered further by its own 429s, never more
-//!   than `max_concurrent_runs`: the fleet admits at most N times the last learned limit, not N
-//!   times the configured ceiling. With `reject` nothing runs without a lease.
+//!   local ceiling (the gate's) follows it, but never grows: with `local`, a replica admits at
+//!   most its last learned value (the fleet's, the last it read), lowered further by its own
+//!   429s, never more than `max_concurrent_runs`: the fleet admits at most N times the last
+//!   learned limit, not N times the configured ceiling. With `reject` nothing runs without a
+//!   lease.
+//! * **`Retry-After`:** a hold is the provider's, so it holds fleet-wide: the replica that saw
+//!   it sends it with its next proposal (a lower, which may change nothing else), and Redis
+//!   keeps its end beside the value (`hold_us`, the server's clock); no raise is taken from any
+//!   replica until it has passed.
 //! * **A replica that has read no value** (started while Redis was down, or before its first
 //!   call) uses `initial_limit` as its local ceiling.
 //! * **Redis restarted without persistence:** the value is gone, so the caps alone count until
@@ -75,20 +80,17 @@
 //! * **Close:** once the limit is shut down, proposals fail as `Closed` and are dropped.
 //! * **Idle:** the value expires an hour after the last heartbeat or change of any replica.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use admitgate_core::overload::{CapacitySearch, CapacitySearchConfig, LimitController, Sample};
+use admitgate_core::overload::{
+    CapacitySearch, CapacitySearchConfig, LimitController, Outcome, Sample,
+};
 
 use crate::limit::FleetLimit;
 use crate::scripts::{Change, Learned, Proposal};
-
-/// Turns whose start is remembered until they end (for the fleet-wide in-flight figure of
-/// their sample); past this the memory is cleared, and those turns fall back to the gate's.
-const STARTS_KEPT: usize = 4096;
 
 /// A proposal unanswered for this long is taken as lost (a call is bounded well below it:
 /// at most `lease_ttl`, a minute at most), so a lost reply cannot stop the learning.
@@ -141,8 +143,15 @@ struct State {
     /// The protocol object the proposals in flight went to (its address): another one (a
     /// forked child's) has none of them.
     sent_via: usize,
-    /// Fleet-wide in-flight figure at each running turn's start, by its start time.
-    starts: HashMap<Duration, u64>,
+    /// The in-flight figure the turn that just started reported to the controller (the
+    /// fleet's): the gate hands it to that turn ([`LimitController::start_figure`]), which
+    /// gives it back in its sample. Nothing is kept per turn.
+    start_figure: u64,
+    /// During a Redis outage: the most this replica's ceiling may be (the last fleet value it
+    /// read, or `initial_limit`, lowered by its own throttles since). `None` while Redis answers.
+    outage_cap: Option<u64>,
+    /// A provider's `Retry-After` seen here and not yet proposed to the fleet.
+    hold: Duration,
 }
 
 /// What a replica read from the fleet when a turn started or ended.
@@ -170,7 +179,9 @@ impl FleetLearner {
                     lower: InFlight::default(),
                     measured: false,
                     sent_via: 0,
-                    starts: HashMap::new(),
+                    start_figure: 0,
+                    outage_cap: None,
+                    hold: Duration::ZERO,
                 }),
                 source,
                 config,
@@ -243,7 +254,16 @@ impl FleetLearner {
             Some(seen) if wanted > seen.limit && !growing && lowering.is_none() => {
                 (Change::Raise, seen.generation)
             }
+            // A Retry-After to pass on with no change of the value: a lower that lowers
+            // nothing carries it (at most one lower in flight, as ever).
+            seen if !state.hold.is_zero() && lowering.is_none() => {
+                (Change::Lower, seen.map_or(0, |seen| seen.generation))
+            }
             _ => return None,
+        };
+        let hold = match change {
+            Change::Lower => std::mem::take(&mut state.hold),
+            Change::Seed | Change::Raise => Duration::ZERO,
         };
         let flight = match change {
             Change::Lower => {
@@ -263,6 +283,7 @@ impl FleetLearner {
             min_limit: self.shared.config.min_limit,
             max_limit: self.shared.config.max_limit,
             spacing: state.search.round_trip().unwrap_or_default(),
+            hold,
         })
     }
 
@@ -287,6 +308,25 @@ impl FleetLearner {
 }
 
 impl State {
+    /// Keeps the ceiling where an outage allows: while Redis does not answer (`up` false), at
+    /// most the last fleet value read (`initial` if none), lowered by this replica's own
+    /// throttles since, never growing: the fleet then runs at most N times the last learned
+    /// limit. Once Redis answers, the fleet's value is followed again.
+    fn bound_by_outage(&mut self, up: bool, initial: u64) {
+        if up {
+            self.outage_cap = None;
+            return;
+        }
+        let cap = self
+            .outage_cap
+            .unwrap_or_else(|| self.seen.map_or(initial, |seen| seen.limit));
+        let cap = cap.min(self.search.limit());
+        self.outage_cap = Some(cap);
+        if self.search.limit() > cap {
+            self.search.follow(cap, false);
+        }
+    }
+
     /// Takes a reading of the fleet's value if it is newer than the one seen.
     fn adopt(&mut self, fresh: Option<Learned>, lowers_answered: &AtomicU64, now: Duration) {
         let Some(fresh) = fresh else {
@@ -334,6 +374,15 @@ impl LimitController for FleetLearner {
         self.state().search.limit()
     }
 
+    fn start_figure(&self, in_flight: u64) -> u64 {
+        let figure = self.state().start_figure;
+        if figure == 0 {
+            in_flight
+        } else {
+            figure
+        }
+    }
+
     fn on_start(&mut self, now: Duration, in_flight: u64, queued: u64) {
         let (limit, reading) = self.read();
         let proposal = {
@@ -354,10 +403,8 @@ impl LimitController for FleetLearner {
             let before = state.search.limit();
             state.search.on_start(now, running, queued);
             state.measured |= state.search.limit() < before;
-            if state.starts.len() >= STARTS_KEPT {
-                state.starts.clear();
-            }
-            state.starts.insert(now, running);
+            state.bound_by_outage(reading.up, self.shared.config.initial_limit);
+            state.start_figure = running;
             self.propose(&mut state, limit.as_ref(), reading, now)
         };
         self.send(limit, proposal);
@@ -367,10 +414,7 @@ impl LimitController for FleetLearner {
         let (limit, reading) = self.read();
         let proposal = {
             let mut state = self.state();
-            let in_flight = state
-                .starts
-                .remove(&sample.started_at)
-                .unwrap_or(sample.in_flight);
+            // `sample.in_flight` is the figure `start_figure` gave the turn: the fleet's.
             // The fleet's value first, then the measurement: a throttle seen here is never
             // undone by a reading taken before it was proposed (once proposed, a reading above
             // it waits for its answer).
@@ -378,11 +422,16 @@ impl LimitController for FleetLearner {
                 state.adopt(learned, &self.shared.lowers_answered, sample.ended_at);
             }
             let before = state.search.limit();
-            state.search.on_sample(Sample {
-                in_flight,
-                ..sample
-            });
+            state.search.on_sample(sample);
             state.measured |= state.search.limit() < before;
+            state.bound_by_outage(reading.up, self.shared.config.initial_limit);
+            if let Outcome::Throttled {
+                retry_after: Some(pause),
+            } = sample.outcome
+            {
+                // Passed on to the fleet with the next proposal (kept by the server's clock).
+                state.hold = state.hold.max(pause);
+            }
             self.propose(&mut state, limit.as_ref(), reading, sample.ended_at)
         };
         self.send(limit, proposal);

@@ -68,6 +68,9 @@ pub struct Learned {
     pub generation: u64,
 }
 
+/// The longest `Retry-After` hold kept in Redis: a day.
+const MAX_HOLD_US: u64 = 86_400_000_000;
+
 /// What a [`Proposal`] asks of the learned limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
@@ -106,6 +109,10 @@ pub struct Proposal {
     pub max_limit: u64,
     /// The least time between two changes, by the server's clock: the proposer's round trip.
     pub spacing: std::time::Duration,
+    /// A provider's `Retry-After` seen by the proposer (zero: none): no raise is taken, from
+    /// any replica, until it has passed by the server's clock (a hold is the provider's, so
+    /// it holds fleet-wide; two compose as the later end).
+    pub hold: std::time::Duration,
 }
 
 /// Outcome of the acquire script.
@@ -392,13 +399,19 @@ impl Scripts {
         proposal: &Proposal,
     ) -> RedisResult<FleetStatus> {
         let spacing_us = u64::try_from(proposal.spacing.as_micros()).unwrap_or(u64::MAX);
+        // Bounded so the server's `now + hold` stays an exact Lua number (a day at most, as the
+        // front doors bound a throttle's hint).
+        let hold_us = u64::try_from(proposal.hold.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(MAX_HOLD_US);
         let mut call = self.invocation(&self.learn);
         call.arg(proposal.change.as_str())
             .arg(proposal.limit)
             .arg(proposal.generation)
             .arg(proposal.min_limit)
             .arg(proposal.max_limit)
-            .arg(spacing_us);
+            .arg(spacing_us)
+            .arg(hold_us);
         let reply: Vec<i64> = call.invoke_async(con).await?;
         status(&reply)
     }

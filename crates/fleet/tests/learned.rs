@@ -19,6 +19,7 @@ fn proposal(change: Change, limit: u64, generation: u64) -> Proposal {
         min_limit: 2,
         max_limit: 40,
         spacing: Duration::ZERO,
+        hold: Duration::ZERO,
     }
 }
 
@@ -209,6 +210,158 @@ async fn a_throttle_measured_while_the_seed_is_in_flight_still_lowers_the_fleet(
     on_b.on_start(ms(0), 1, 0);
     assert_eq!(on_b.limit(), 6);
     lease.release().await;
+    for lease in leases {
+        lease.release().await;
+    }
+}
+
+// -- issue 22 ---------------------------------------------------------------------------------
+
+fn served(start: u64, end: u64, in_flight: u64) -> Sample {
+    Sample {
+        started_at: ms(start),
+        ended_at: ms(end),
+        in_flight,
+        outcome: Outcome::Success,
+        remaining: None,
+    }
+}
+
+/// Item 12. Fails before the fix: 4.8 s into a 30 s Retry-After on replica A, replica B raised
+/// the fleet's value by compare-and-set, and A followed. The hold is kept in Redis now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_seen_by_one_replica_holds_every_replicas_raise() {
+    let key = unique_key("learn-hold");
+    let (a, b) = (
+        limit(config(shared(), &key, 64)),
+        limit(config(shared(), &key, 64)),
+    );
+    let seeded = learn(&a, proposal(Change::Seed, 8, 0)).await;
+    // A's provider call is refused with Retry-After: 30 s, started with 8 running.
+    let mut on_a = learner(&a, 8);
+    on_a.on_start(ms(0), 8, 0);
+    on_a.on_sample(Sample {
+        started_at: ms(0),
+        ended_at: ms(1),
+        in_flight: 8,
+        outcome: Outcome::Throttled {
+            retry_after: Some(Duration::from_secs(30)),
+        },
+        remaining: None,
+    });
+    support::eventually(ms(2000), "the fleet lowered to 7", || {
+        learned_in_redis(&key) == "7"
+    })
+    .await;
+    let now = learn(&b, proposal(Change::Seed, 0, 0)).await;
+    assert!(now.generation > seeded.generation);
+    // B saw the current generation and no spacing is asked: before, taken at once.
+    let raised = learn(&b, proposal(Change::Raise, 38, now.generation)).await;
+    assert_eq!(
+        raised, now,
+        "a raise was taken during another replica's Retry-After"
+    );
+    // B's own learner, with its ceiling reached every round trip, cannot raise it either.
+    let mut on_b = learner(&b, 7);
+    let mut t = 0;
+    for _ in 0..40 {
+        on_b.on_start(ms(t), 7, 5);
+        on_b.on_sample(served(t, t + 5, 7));
+        t += 5;
+        tokio::time::sleep(ms(5)).await;
+    }
+    assert_eq!(learned_in_redis(&key), "7");
+    // A hold ends by the server's clock: a short one lets the next raise through.
+    let key2 = unique_key("learn-hold-short");
+    let c = limit(config(shared(), &key2, 64));
+    let first = learn(&c, proposal(Change::Seed, 8, 0)).await;
+    let mut short = proposal(Change::Lower, 8, first.generation);
+    short.hold = ms(150);
+    let held = learn(&c, short).await;
+    assert_eq!(held, first, "a hold alone changes nothing else");
+    let refused = learn(&c, proposal(Change::Raise, 9, first.generation)).await;
+    assert_eq!(refused.limit, 8);
+    tokio::time::sleep(ms(200)).await;
+    assert_eq!(
+        learn(&c, proposal(Change::Raise, 9, first.generation))
+            .await
+            .limit,
+        9
+    );
+}
+
+/// Item 19. Fails before the fix: a `{key}:learned` of "2.5" let 3 leases through at cap 4
+/// (the scripts compared with 2.5) while the reply said 2; a negative one stopped every grant
+/// to a waiting ticket. A value that is not a whole number >= 1 now counts as none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_learned_value_counts_as_none() {
+    for tampered in ["2.5", "-1", "garbage", "0", "1e400"] {
+        let key = unique_key("learn-tampered");
+        let replica = limit(config(shared(), &key, 4));
+        shared().command(&[
+            "HSET",
+            &format!("{{{key}}}:learned"),
+            "limit",
+            tampered,
+            "gen",
+            "5",
+        ]);
+        let mut leases = Vec::new();
+        while let Some(lease) = replica.try_acquire("").await.unwrap() {
+            leases.push(lease);
+        }
+        assert_eq!(leases.len(), 4, "{tampered}: the cap alone counts");
+        assert_eq!(replica.stats().learned_limit, 0, "{tampered}");
+        // A waiting ticket is granted when a lease goes back.
+        let waiter = {
+            let replica = replica.clone();
+            tokio::spawn(async move { replica.acquire("").await.unwrap() })
+        };
+        tokio::time::sleep(ms(50)).await;
+        leases.pop().unwrap().release().await;
+        let lease = tokio::time::timeout(ms(3000), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("{tampered}: no grant to the waiting ticket"))
+            .unwrap();
+        leases.push(lease);
+        // A replica's proposal seeds a sound value anew.
+        let seeded = learn(&replica, proposal(Change::Seed, 3, 0)).await;
+        assert_eq!(seeded.limit, 3, "{tampered}");
+        for lease in leases {
+            lease.release().await;
+        }
+    }
+}
+
+/// Item 19. Before the fix the learner kept each turn's fleet-wide in-flight figure by its
+/// start time: two turns starting at the same instant overwrote each other. Each turn now
+/// carries its own figure (`start_figure`), nothing is kept per turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_turns_starting_at_the_same_instant_keep_their_own_figures() {
+    let key = unique_key("learn-same-instant");
+    let a = limit(config(shared(), &key, 64));
+    let mut leases = Vec::new();
+    for _ in 0..3 {
+        leases.push(a.acquire("").await.unwrap());
+    }
+    let mut on_a = learner(&a, 10);
+    on_a.on_start(ms(100), 1, 0);
+    let first = on_a.start_figure(1);
+    leases.push(a.acquire("").await.unwrap());
+    leases.push(a.acquire("").await.unwrap());
+    on_a.on_start(ms(100), 2, 0);
+    let second = on_a.start_figure(2);
+    assert_eq!((first, second), (3, 5));
+    // The first turn is refused: it started with 3 running fleet-wide, so the provider admits
+    // 2 (before, the second start's 5 stood for both: 4).
+    on_a.on_sample(Sample {
+        started_at: ms(100),
+        ended_at: ms(101),
+        in_flight: first,
+        outcome: Outcome::Throttled { retry_after: None },
+        remaining: None,
+    });
+    assert_eq!(on_a.limit(), 2);
     for lease in leases {
         lease.release().await;
     }

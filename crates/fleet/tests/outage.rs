@@ -350,3 +350,130 @@ async fn a_replica_starting_while_redis_is_down_follows_its_mode_and_connects_la
     lease.release().await;
     assert_eq!(server.zcard(&holders()), 0);
 }
+
+/// Issue 22 item 11. Fails before the fix: during an outage with `local`, the replica's
+/// controller went on growing (slow start doubled each round trip in which its ceiling was
+/// reached) past the last fleet value it read: learned 7, 32 ran at once. Now the ceiling
+/// stays at most the last value read, and its own 429s lower it further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_outage_the_learned_ceiling_never_grows_past_the_last_fleet_value() {
+    use admitgate_core::overload::{CapacitySearchConfig, LimitController, Outcome, Sample};
+    use admitgate_fleet::{Change, FleetLearner, Proposal};
+
+    let server = RedisServer::start();
+    let a = limit(config(&server, "agent:outage-learned", 64));
+    let seeded = a
+        .learn(Proposal {
+            change: Change::Seed,
+            limit: 7,
+            generation: 0,
+            min_limit: 1,
+            max_limit: 64,
+            spacing: Duration::ZERO,
+            hold: Duration::ZERO,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seeded.limit, 7);
+    let source = a.clone();
+    let mut config = CapacitySearchConfig::new(64);
+    config.initial_limit = 4;
+    let mut learner = FleetLearner::new(config, Arc::new(move || Some(source.clone())));
+    let lease = a.acquire("").await.unwrap();
+    learner.on_start(Duration::ZERO, 1, 0);
+    assert_eq!(learner.limit(), 7, "follows the fleet's value");
+    lease.release().await;
+    server.kill();
+    // The next call finds the outage.
+    let _ = a.acquire("").await;
+    assert!(!a.backend_up());
+    let ms = Duration::from_millis;
+    let served = |start: u64, in_flight: u64| Sample {
+        started_at: ms(start),
+        ended_at: ms(start + 50),
+        in_flight,
+        outcome: Outcome::Success,
+        remaining: None,
+    };
+    let mut t = 0;
+    let mut highest = 0;
+    for _ in 0..40 {
+        // Every round trip the ceiling is reached and turns wait: before, it doubled.
+        let now = learner.limit();
+        for _ in 0..now {
+            learner.on_start(ms(t), now, 5);
+        }
+        learner.on_sample(served(t, now));
+        highest = highest.max(learner.limit());
+        t += 50;
+    }
+    assert_eq!(
+        highest, 7,
+        "grew past the last fleet value during the outage"
+    );
+    // Its own 429 lowers it further, and it does not grow back during the outage.
+    learner.on_sample(Sample {
+        outcome: Outcome::Throttled { retry_after: None },
+        ..served(t, 5)
+    });
+    assert_eq!(learner.limit(), 4);
+    for _ in 0..40 {
+        let now = learner.limit();
+        for _ in 0..now {
+            learner.on_start(ms(t), now, 5);
+        }
+        learner.on_sample(served(t, now));
+        assert!(learner.limit() <= 4, "{}", learner.limit());
+        t += 50;
+    }
+    server.restart();
+}
+
+/// Issue 22 item 20 (the cause of the flaky paused-replica outage in tests/test_fleet_faults.py):
+/// a call outlived by a pause of this process (SIGSTOP, a stalled VM) was failed as it woke,
+/// before its reply was read: its elapsed time, pause included, was past the call's budget (and
+/// the driver's own response timeout had fired), so a late reply was taken for an outage and
+/// the replica admitted locally, over the cap. Here the runtime's only thread is blocked for
+/// longer than every bound, and Redis answers just after it runs again.
+#[test]
+fn a_reply_that_came_while_the_process_was_not_scheduled_is_no_outage() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let a = runtime.block_on(async { limit(config(&server, "agent:outage-paused", 5)) });
+    runtime.block_on(async { a.acquire("").await.unwrap().release().await });
+    let before = a.stats().outages;
+    std::thread::scope(|scope| {
+        runtime.block_on(async {
+            server.freeze();
+            let call = {
+                let a = a.clone();
+                tokio::spawn(async move { a.acquire("").await })
+            };
+            // Sent, and waiting for Redis.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Redis answers just after this process is scheduled again (as when the reply
+            // is in the socket but not yet read as the process wakes: its timers fire first).
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(4100));
+                server.thaw();
+            });
+            // Not scheduled for 4 s: past the call's bound (0.6 s) and budget (lease_ttl, 3 s).
+            std::thread::sleep(Duration::from_secs(4));
+            let lease = call
+                .await
+                .unwrap()
+                .expect("the late reply is the call's answer");
+            lease.release().await;
+        });
+    });
+    let stats = a.stats();
+    assert_eq!(
+        (stats.outages, stats.backend_up),
+        (before, true),
+        "{stats:?}"
+    );
+}

@@ -90,7 +90,7 @@ use core_api::{
     TransportId, Transports, Waker, Wakes,
 };
 pub use lease::{LeaseRuntime, TokioRuntime, TurnLease};
-use turn::{Arrived, Claimed, Lane, Report};
+use turn::{Arrived, Claimed, Lane, Report, WaitEnd};
 pub use turn::{Held, Turn};
 
 /// Wakes a queued turn's future: the gate's hand-off, as a oneshot message.
@@ -295,7 +295,7 @@ impl Passage {
             }
         }
         if let Some(fleet) = &self.fleet {
-            let ends = self.wait_ends(&turn.turn, timeout_at, deadline);
+            let ends = self.instant(self.wait_ends(&turn.turn, timeout_at, deadline));
             self.wait_lease(&mut turn.turn, fleet, scope, ends).await?;
         }
         let (_, wakes) = turn.turn.start(&**self, false, || self.now());
@@ -307,34 +307,44 @@ impl Passage {
         })
     }
 
-    /// When a wait begun now ends, and the reason it is refused for then (see
-    /// [`Turn::wait_deadline`]), on tokio's clock.
+    /// When a wait begun now is next looked at, and the reason it is refused for then (see
+    /// [`Turn::wait_deadline`]).
     fn wait_ends(
         &self,
         turn: &Turn,
         timeout_at: Option<Duration>,
         deadline: Option<Duration>,
-    ) -> Option<(tokio::time::Instant, Rejection)> {
-        let (at, reason) = turn.wait_deadline(self, timeout_at, deadline)?;
-        let at = tokio::time::Instant::from_std(self.epoch).checked_add(at)?;
-        Some((at, reason))
+    ) -> Option<WaitEnd> {
+        turn.wait_deadline(self, timeout_at, deadline)
     }
 
-    /// Waits for a queued turn's outcome: granted its slot, or refused.
-    async fn wait_local(
-        &self,
-        turn: &mut Turn,
-        ends: Option<(tokio::time::Instant, Rejection)>,
-    ) -> Result<(), Refused> {
+    /// `end` on tokio's clock.
+    fn instant(&self, end: Option<WaitEnd>) -> Option<(tokio::time::Instant, Rejection)> {
+        let end = end?;
+        let at = tokio::time::Instant::from_std(self.epoch).checked_add(end.at)?;
+        Some((at, end.reason))
+    }
+
+    /// Waits for a queued turn's outcome: granted its slot, or refused. At each of the wait's
+    /// looks (its deadline, the adaptive queue's cap, its queue timeout) the gate refuses it
+    /// if that is due; otherwise it waits on until the next look.
+    async fn wait_local(&self, turn: &mut Turn, mut ends: Option<WaitEnd>) -> Result<(), Refused> {
         let (tx, mut rx) = oneshot::channel();
         if turn.register(self, OneshotWaker(tx)) == Registered::Waiting {
-            let expired = tokio::select! {
-                _ = &mut rx => None,
-                reason = sleep_until(ends) => Some(reason),
-            };
-            if let Some(reason) = expired {
+            loop {
+                let expired = tokio::select! {
+                    _ = &mut rx => None,
+                    _ = sleep_until(self.instant(ends)) => ends,
+                };
+                let Some(end) = expired else {
+                    break;
+                };
                 // Exactly one of grant and expiry wins, under the gate's lock.
-                run(turn.expire(self, reason));
+                run(turn.expire(self, &end, self.now()));
+                if !matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+                    break; // settled (granted or refused): its waker fired
+                }
+                ends = turn.next_end(self, &end);
             }
         }
         let (claimed, wakes) = turn.claim(self, || self.now());
@@ -482,12 +492,12 @@ impl Permit {
     /// The turn parks on a person: its local slot is lent to the queue, its fleet lease to
     /// the fleet.
     pub fn suspend(&self) {
-        run(self.turn.lend(&*self.passage));
+        run(self.turn.lend(&*self.passage, self.passage.now()));
     }
 
     /// The turn resumes: it takes its slot and lease back (borrowing if there is no room).
     pub fn resume(&self) {
-        self.turn.take_back(&*self.passage);
+        self.turn.take_back(&*self.passage, self.passage.now());
     }
 }
 

@@ -61,12 +61,35 @@ pub trait Lane {
 pub struct Held {
     slot: TurnSlot,
     lease: Option<Arc<TurnLease>>,
+    /// Time spent waiting for a person: not the provider's, so not in the turn's duration
+    /// as the adaptive ceiling and the service-time estimate see it.
+    away: std::sync::Mutex<Away>,
+}
+
+/// How long a running turn has waited for people (nested waits count once).
+#[derive(Clone, Copy, Debug, Default)]
+struct Away {
+    depth: u32,
+    since: Duration,
+    total: Duration,
 }
 
 impl Held {
-    /// A person is waited for: the slot is lent to the queue and the lease to the fleet (the
-    /// first of nested waits lends).
-    pub fn lend<W>(&self, gate: &Gate<W>) -> Wakes<W> {
+    fn away(&self) -> std::sync::MutexGuard<'_, Away> {
+        // Plain data, consistent between statements: a panic elsewhere leaves it usable.
+        self.away.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A person is waited for from `now`: the slot is lent to the queue and the lease to the
+    /// fleet (the first of nested waits lends).
+    pub fn lend<W>(&self, gate: &Gate<W>, now: Duration) -> Wakes<W> {
+        {
+            let mut away = self.away();
+            if away.depth == 0 {
+                away.since = now;
+            }
+            away.depth = away.depth.saturating_add(1);
+        }
         let wakes = self.slot.suspend(gate);
         if let Some(lease) = &self.lease {
             lease.suspend();
@@ -74,11 +97,29 @@ impl Held {
         wakes
     }
 
-    /// The wait is over: both are taken back (borrowed if there is no room), never waiting.
-    pub fn take_back<W>(&self, gate: &Gate<W>) {
+    /// The wait is over at `now`: both are taken back (borrowed if there is no room), never
+    /// waiting.
+    pub fn take_back<W>(&self, gate: &Gate<W>, now: Duration) {
+        {
+            let mut away = self.away();
+            if away.depth == 1 {
+                away.total = away.total.saturating_add(now.saturating_sub(away.since));
+            }
+            away.depth = away.depth.saturating_sub(1);
+        }
         self.slot.resume(gate);
         if let Some(lease) = &self.lease {
             lease.resume();
+        }
+    }
+
+    /// The time spent waiting for people up to `now` (a wait still open counts to `now`).
+    fn time_away(&self, now: Duration) -> Duration {
+        let away = *self.away();
+        if away.depth > 0 {
+            away.total.saturating_add(now.saturating_sub(away.since))
+        } else {
+            away.total
         }
     }
 
@@ -103,6 +144,26 @@ impl std::ops::Deref for HeldRef {
             HeldRef::Own(held) => held,
             HeldRef::Shared(held) => held,
         }
+    }
+}
+
+/// When a queued turn's wait is next looked at ([`Turn::wait_deadline`]), and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitEnd {
+    /// When, on the caller's clock.
+    pub at: Duration,
+    /// The refusal due then (`timeout` or `deadline`), if it is still true then.
+    pub reason: Rejection,
+    /// The queue timeout: refused then whatever happens (not a look).
+    hard: bool,
+    timeout_at: Option<Duration>,
+    deadline: Option<Duration>,
+}
+
+impl WaitEnd {
+    /// The wait's queue timeout (counted from the arrival), if it has one.
+    pub fn timeout_at(&self) -> Option<Duration> {
+        self.timeout_at
     }
 }
 
@@ -333,21 +394,44 @@ impl Turn {
         (arrived, wakes)
     }
 
-    /// When the queued turn is refused if it still waits, and why: at `timeout_at` (its
-    /// queue timeout, on the caller's clock) with `timeout`, or, when it comes first, once
-    /// less of the caller's `deadline` is left than a turn takes, with `deadline`.
+    /// When the queued turn's wait is next looked at, and for which refusal: at `timeout_at`
+    /// (its queue timeout, on the caller's clock) with `timeout`, whatever happens; or,
+    /// when it comes first, at the gate's next look ([`Gate::next_check`]): once less of the
+    /// caller's `deadline` is left than a turn takes (`deadline`), or once it will have
+    /// waited the adaptive queue's cap (`timeout`). A look that refuses nothing is followed by
+    /// the next one ([`Turn::next_end`]): the estimate it used may have moved. For a turn
+    /// not queued (its fleet lease wait), the deadline is checked against the estimate now.
     pub fn wait_deadline<L: Lane>(
         &self,
         lane: &L,
         timeout_at: Option<Duration>,
         deadline: Option<Duration>,
-    ) -> Option<(Duration, Rejection)> {
-        let too_late = deadline.map(|d| lane.gate().deadline_timer(d));
-        match (timeout_at, too_late) {
-            (Some(t), Some(d)) if d < t => Some((d, Rejection::Deadline)),
-            (None, Some(d)) => Some((d, Rejection::Deadline)),
-            (t, _) => t.map(|t| (t, Rejection::Timeout)),
+    ) -> Option<WaitEnd> {
+        let check = match self.phase {
+            Phase::Queued(key) if self.current(lane) => lane.gate().next_check(key, deadline),
+            _ => deadline.map(|d| (lane.gate().deadline_timer(d), Rejection::Deadline)),
+        };
+        let (at, reason, hard) = match (timeout_at, check) {
+            (Some(t), Some((at, reason))) if at < t => (at, reason, false),
+            (None, Some((at, reason))) => (at, reason, false),
+            (t, _) => (t?, Rejection::Timeout, true),
+        };
+        Some(WaitEnd {
+            at,
+            reason,
+            hard,
+            timeout_at,
+            deadline,
+        })
+    }
+
+    /// The look after `end`, which refused nothing (the turn still waits): `None` if none.
+    /// The queue timeout is the last: nothing follows it, nor a turn no longer queued.
+    pub fn next_end<L: Lane>(&self, lane: &L, end: &WaitEnd) -> Option<WaitEnd> {
+        if end.hard || self.queued_key().is_none() {
+            return None;
         }
+        self.wait_deadline(lane, end.timeout_at, end.deadline)
     }
 
     /// Registers the queued turn's waker. [`Registered::Settled`]: claim now.
@@ -363,11 +447,18 @@ impl Turn {
         registered
     }
 
-    /// Refuses the queued turn for `reason` (its queue timeout, its deadline) unless it was
-    /// granted a slot first: exactly one of the two wins, under the gate's lock. Claim next.
-    pub fn expire<L: Lane>(&self, lane: &L, reason: Rejection) -> Wakes<L::Waker> {
+    /// The queued turn's wait reached `end` at `now`: refused at its queue timeout, or, at
+    /// the gate's look, if its deadline no longer fits or it waited past the adaptive queue's
+    /// cap; unless it was granted a slot first (exactly one of the two wins, under the gate's
+    /// lock). Claim next; a turn still waiting waits on until [`Turn::next_end`].
+    pub fn expire<L: Lane>(&self, lane: &L, end: &WaitEnd, now: Duration) -> Wakes<L::Waker> {
         match self.phase {
-            Phase::Queued(key) if self.current(lane) => lane.gate().expire_for(key, reason).1,
+            Phase::Queued(key) if self.current(lane) && end.hard => {
+                lane.gate().expire_for(key, end.reason).1
+            }
+            Phase::Queued(key) if self.current(lane) => {
+                lane.gate().recheck(key, end.deadline, now).1
+            }
             _ => Wakes::default(),
         }
     }
@@ -496,6 +587,7 @@ impl Turn {
         });
         let held = Held {
             slot: TurnSlot::new(scope),
+            away: std::sync::Mutex::new(Away::default()),
             lease,
         };
         let (held, shared) = if share {
@@ -508,19 +600,20 @@ impl Turn {
         (shared, wakes)
     }
 
-    /// The running turn lends its slot and lease while a person decides (see [`Held::lend`]).
-    pub fn lend<L: Lane>(&self, lane: &L) -> Wakes<L::Waker> {
+    /// The running turn lends its slot and lease while a person decides, from `now` (see
+    /// [`Held::lend`]).
+    pub fn lend<L: Lane>(&self, lane: &L, now: Duration) -> Wakes<L::Waker> {
         match &self.phase {
-            Phase::Running { held, .. } if self.current(lane) => held.lend(lane.gate()),
+            Phase::Running { held, .. } if self.current(lane) => held.lend(lane.gate(), now),
             _ => Wakes::default(),
         }
     }
 
-    /// The running turn takes back what it lent (see [`Held::take_back`]).
-    pub fn take_back<L: Lane>(&self, lane: &L) {
+    /// The running turn takes back what it lent, at `now` (see [`Held::take_back`]).
+    pub fn take_back<L: Lane>(&self, lane: &L, now: Duration) {
         if let Phase::Running { held, .. } = &self.phase {
             if self.current(lane) {
-                held.take_back(lane.gate());
+                held.take_back(lane.gate(), now);
             }
         }
     }
@@ -559,8 +652,11 @@ impl Turn {
                 Some(
                     match started.and_then(|started| Some((started, report()?))) {
                         Some(((started_at, in_flight), report)) => {
+                            // Time waiting for a person is not the provider's: the turn is
+                            // timed as if it had started that much later.
+                            let away = held.time_away(report.ended_at);
                             let end = TurnEnd {
-                                started_at,
+                                started_at: started_at.saturating_add(away).min(report.ended_at),
                                 ended_at: report.ended_at,
                                 in_flight,
                                 outcome: report.outcome,

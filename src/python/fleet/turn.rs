@@ -135,12 +135,14 @@ impl LeaseWaits {
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct LeaseTimer {
     interrupt: Arc<Interrupt>,
+    reason: Rejection,
 }
 
 impl LeaseTimer {
-    /// The timer that ends the wait `interrupt` stands for with `timeout`.
-    pub fn new(interrupt: Arc<Interrupt>) -> Self {
-        Self { interrupt }
+    /// The timer that ends the wait `interrupt` stands for with `reason` (`timeout`: the
+    /// queue timeout; `deadline`: the caller's deadline).
+    pub fn new(interrupt: Arc<Interrupt>, reason: Rejection) -> Self {
+        Self { interrupt, reason }
     }
 }
 
@@ -148,7 +150,7 @@ impl LeaseTimer {
 impl LeaseTimer {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         guard(|| {
-            self.interrupt.fire(py, Rejection::Timeout);
+            self.interrupt.fire(py, self.reason);
             Ok(())
         })
     }
@@ -180,8 +182,8 @@ pub fn lease_future<'py>(
 pub enum Blocked {
     /// The limit refused (Redis down and `reject`, or shut down).
     Refused(Duration),
-    /// The deadline passed.
-    TimedOut,
+    /// The deadline passed: refused for this reason (`timeout`, `deadline`).
+    TimedOut(Rejection),
     /// Ended from outside: the gate closed.
     Ended(Rejection),
     /// A signal handler raised (`KeyboardInterrupt`...).
@@ -196,7 +198,7 @@ pub fn acquire_blocking(
     py: Python<'_>,
     fleet: &PyFleetLimit,
     scope: Arc<str>,
-    deadline: Option<Duration>,
+    deadline: Option<(Duration, Rejection)>,
     interrupt: &Interrupt,
 ) -> PyResult<Result<Lease, Blocked>> {
     let limit = fleet.limit()?;
@@ -210,12 +212,12 @@ pub fn acquire_blocking(
     let mut rx = rx;
     loop {
         let slice = match deadline {
-            Some(deadline) => deadline.saturating_sub(now()).min(SLICE),
+            Some((deadline, _)) => deadline.saturating_sub(now()).min(SLICE),
             None => SLICE,
         };
-        if slice.is_zero() {
+        if let (true, Some((_, reason))) = (slice.is_zero(), deadline) {
             task.abort();
-            return Ok(Err(Blocked::TimedOut));
+            return Ok(Err(Blocked::TimedOut(reason)));
         }
         let (got, back) =
             crate::python::exit::detach_counted(py, move || (rx.recv_timeout(slice), rx));

@@ -322,6 +322,19 @@ impl LimitController for CapacitySearch {
         }
     }
 
+    fn set_max_limit(&mut self, max: u64) {
+        let max_limit = max.max(1);
+        let min_limit = self.config.min_limit.min(max_limit);
+        self.config = CapacitySearchConfig {
+            min_limit,
+            max_limit,
+            initial_limit: clamp(self.config.initial_limit, min_limit, max_limit),
+        };
+        // Lowered: at most the new bound at once. Raised: from where it is, growing as it
+        // learns (slow start or probes), never jumping to the new bound untested.
+        self.set_limit(self.limit);
+    }
+
     fn on_sample(&mut self, sample: Sample) {
         self.roll(sample.ended_at);
         if let Some(remaining) = sample.remaining {
@@ -555,6 +568,32 @@ mod tests {
         a.follow(8, true);
         assert!(calls_to_probe(&mut a, &mut ta) > first);
         assert!(calls_to_probe(&mut b, &mut tb) > first);
+    }
+
+    #[test]
+    fn the_upper_bound_follows_a_reconfiguration_both_ways() {
+        let mut limit = CapacitySearch::new(CapacitySearchConfig::new(8));
+        let mut t = 10;
+        for _ in 0..10 {
+            busy_window(&mut limit, t);
+            t += 50;
+        }
+        assert_eq!(limit.limit(), 8);
+        limit.set_max_limit(64);
+        assert_eq!(limit.config().max_limit, 64);
+        for _ in 0..10 {
+            busy_window(&mut limit, t);
+            t += 50;
+        }
+        assert_eq!(
+            limit.limit(),
+            64,
+            "did not grow past the construction-time bound"
+        );
+        limit.set_max_limit(4);
+        assert_eq!(limit.limit(), 4);
+        limit.set_max_limit(0);
+        assert_eq!((limit.limit(), limit.config().min_limit), (1, 1));
     }
 
     #[test]

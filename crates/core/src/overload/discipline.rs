@@ -127,6 +127,22 @@ impl QueueDiscipline {
         self.min_delay = Some(self.min_delay.map_or(delay, |min| min.min(delay)));
     }
 
+    /// When a waiter enqueued at `enqueued_at` will have waited past the cap of a standing
+    /// queue, at the current `service` estimate, if the queue keeps standing: the later of its
+    /// own cap and the time the queue becomes a standing one. `None` without a cap (FIFO, or
+    /// no estimate yet; CoDel caps only when it sees a queue served).
+    pub fn cap_due(&self, enqueued_at: Duration, service: Option<Duration>) -> Option<Duration> {
+        if self.kind != Discipline::AdaptiveLifo {
+            return None;
+        }
+        let service = service?;
+        let own = enqueued_at.saturating_add(service.saturating_mul(TARGET_SERVICE_TIMES));
+        let standing = self
+            .last_empty
+            .saturating_add(service.saturating_mul(INTERVAL_SERVICE_TIMES));
+        Some(own.max(standing))
+    }
+
     /// How to serve a queue of `queued` waiters at `now`, given the expected service time
     /// (`None` before any turn has ended: FIFO, since a standing queue cannot be told from a
     /// burst without knowing how fast the queue drains).

@@ -59,6 +59,20 @@ pub trait LimitController: Send + fmt::Debug {
     fn on_start(&mut self, now: Duration, in_flight: u64, queued: u64);
     /// A turn ended.
     fn on_sample(&mut self, sample: Sample);
+    /// The in-flight figure the turn that just started (after [`LimitController::on_start`])
+    /// should carry back in its [`Sample`]: `in_flight` (the gate's count), unless the
+    /// controller counts otherwise (a fleet's learner: the turns in flight across the fleet).
+    /// Handed to the turn, not kept here, so nothing is remembered per turn.
+    fn start_figure(&self, in_flight: u64) -> u64 {
+        in_flight
+    }
+    /// The configured most (`max_concurrent_runs`) changed to `max` (a reconfiguration): the
+    /// ceiling's upper bound follows it, both ways. A controller bounded by something else (a
+    /// fleet's learned limit, by the fleet's cap) keeps its bounds: the gate clamps its value
+    /// to `max` anyway.
+    fn set_max_limit(&mut self, max: u64) {
+        let _ = max;
+    }
 }
 
 /// `value` within `[min, max]` (`min` wins should they cross).

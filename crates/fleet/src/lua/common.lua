@@ -46,8 +46,13 @@ local learned_key = prefix .. 'learned'
 -- The learned limit outlives the last heartbeat or change by this much (an hour: a fleet that
 -- restarts within it starts from what it learned).
 local LEARNED_TTL_MS = 3600000
--- 0: no learned limit. learn.lua changes it within its call.
+-- 0: no learned limit. learn.lua changes it within its call. Anything but a whole number >= 1
+-- (a value tampered with: "2.5" would let 3 leases through, a negative one stop every grant)
+-- counts as none: the caps alone count until a replica seeds it anew.
 local learned_limit = tonumber(redis.call('HGET', learned_key, 'limit') or '0') or 0
+if learned_limit < 1 or learned_limit ~= math.floor(learned_limit) or learned_limit > 2^53 then
+  learned_limit = 0
+end
 
 -- The most leases a caller with `cap` may see held: its cap, or the learned limit below it.
 local function room_under(cap)
@@ -318,6 +323,9 @@ end
 -- learned limit with its generation (0, 0: none).
 local function status()
   local gen = tonumber(redis.call('HGET', learned_key, 'gen') or '0') or 0
+  if learned_limit == 0 or gen < 0 or gen ~= math.floor(gen) then
+    gen = 0
+  end
   return {redis.call('ZCARD', holders), borrowed(), redis.call('ZCARD', tickets), now_us,
           learned_limit, gen}
 end

@@ -1,7 +1,8 @@
 -- Move the fleet's learned limit (the controller runs in each replica, in Rust: learned.rs; this
 -- script only applies a proposal, so that concurrent proposals from every replica compose).
 -- ARGV: 5 op ('seed', 'lower' or 'raise'), 6 the proposed limit, 7 the generation the proposer last
--- saw, 8 min_limit, 9 max_limit (the proposer's max_in_flight), 10 spacing_us.
+-- saw, 8 min_limit, 9 max_limit (the proposer's max_in_flight), 10 spacing_us, 11 hold_us (a
+-- provider's Retry-After the proposer saw, 0: none).
 -- Rules, and why they are all the Lua there is:
 --   none yet (first proposal, or Redis restarted): the proposal seeds it, its generation the
 --     server time in us, above every generation of before, so no replica mistakes it for old;
@@ -11,20 +12,31 @@
 --   'raise' above it: taken only if the proposer saw the current generation (nobody moved it
 --     since: a compare-and-set) and at least spacing_us passed since the last change by the
 --     server's clock, so the whole fleet grows at most one step per round trip, however many
---     replicas propose it.
+--     replicas propose it, and only once every hold has passed;
+--   hold_us > 0 (sent with a 'lower', which may change nothing else): no raise until the server's
+--     now + hold_us (the later of two holds), whoever proposes it. A Retry-After is the provider's
+--     word to the whole fleet, so it is kept here, beside the value, by the server's clock.
+-- A value that is not a whole number >= 1 (tampered with) counts as none: it is seeded anew.
 -- A raise gives the new room to waiting tickets at once. Returns the status (6 values).
 local op, value, base_gen = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local min_limit, max_limit, spacing = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local hold = tonumber(ARGV[11]) or 0
 
 value = math.max(min_limit, math.min(max_limit, value))
-local current = redis.call('HMGET', learned_key, 'limit', 'gen', 'at_us')
+local current = redis.call('HMGET', learned_key, 'limit', 'gen', 'at_us', 'hold_us')
 local limit, gen, at = tonumber(current[1]), tonumber(current[2]), tonumber(current[3])
+local held_until = tonumber(current[4]) or 0
+if learned_limit == 0 then
+  limit = nil -- absent, or not a whole number >= 1 (see common.lua): seeded anew
+end
 local changed = true
 if limit == nil or gen == nil or at == nil then
   gen = now_us
+  held_until = 0
 elseif op == 'lower' and value < limit then
   gen = gen + 1
-elseif op == 'raise' and value > limit and gen == base_gen and now_us - at >= spacing then
+elseif op == 'raise' and value > limit and gen == base_gen and now_us - at >= spacing
+    and now_us >= held_until then
   gen = gen + 1
 else
   changed = false
@@ -34,6 +46,9 @@ if changed then
   redis.call('HSET', learned_key, 'limit', value, 'gen', string.format('%.0f', gen), 'at_us',
     string.format('%.0f', now_us))
   learned_limit = value
+end
+if hold > 0 and now_us + hold > held_until then
+  redis.call('HSET', learned_key, 'hold_us', string.format('%.0f', now_us + hold))
 end
 redis.call('PEXPIRE', learned_key, LEARNED_TTL_MS)
 

@@ -133,7 +133,9 @@ fn an_expired_turn_is_refused_unless_granted_first() {
     let mut late = Turn::new(TransportId::DIRECT, false);
     arrive(&lane, &mut late);
     late.register(&lane, Flag(Arc::default()));
-    late.expire(&lane, Rejection::Timeout).run();
+    let timeout = Duration::from_secs(1);
+    let end = late.wait_deadline(&lane, Some(timeout), None).unwrap();
+    late.expire(&lane, &end, timeout).run();
     let (claimed, _) = late.claim(&lane, now);
     assert!(matches!(
         claimed,
@@ -146,8 +148,9 @@ fn an_expired_turn_is_refused_unless_granted_first() {
     let mut lucky = Turn::new(TransportId::DIRECT, false);
     arrive(&lane, &mut lucky);
     lucky.register(&lane, Flag(Arc::default()));
+    let end = lucky.wait_deadline(&lane, Some(timeout), None).unwrap();
     first.end(&lane, || None, || None).unwrap().run();
-    lucky.expire(&lane, Rejection::Timeout).run();
+    lucky.expire(&lane, &end, timeout).run();
     assert_eq!(lucky.claim(&lane, now).0, Claimed::Granted);
     assert_eq!(counted(&lane), (0, 2, 1, 1));
 }
@@ -204,18 +207,18 @@ fn a_running_turn_lends_its_slot_to_a_human_wait_and_takes_it_back() {
     arrive(&lane, &mut turn);
     let (held, _) = turn.start(&lane, true, now);
     let held = held.unwrap();
-    held.lend(&lane.gate).run();
+    held.lend(&lane.gate, now()).run();
     assert!(!held.holds_slot());
     assert_eq!(lane.gate.stats(now).awaiting_human, 1);
     // The lent slot runs another turn meanwhile.
     let mut other = Turn::new(TransportId::DIRECT, false);
     assert_eq!(arrive(&lane, &mut other), Arrived::Granted);
-    held.take_back(&lane.gate);
+    held.take_back(&lane.gate, now());
     assert!(held.holds_slot());
     turn.end(&lane, || None, || None).unwrap().run();
     other.abandon(&lane, now).unwrap().run();
     // The hook outliving the turn changes nothing.
-    held.lend(&lane.gate).run();
+    held.lend(&lane.gate, now()).run();
     let stats = lane.gate.stats(now);
     assert_eq!((stats.in_flight, stats.awaiting_human), (0, 0));
 }
@@ -239,21 +242,13 @@ fn a_queued_turn_is_refused_at_the_earlier_of_its_queue_timeout_and_its_deadline
     let lane = lane(1, 1, false);
     let turn = Turn::new(TransportId::DIRECT, false);
     let (at, soon) = (Duration::from_secs(5), Duration::from_secs(2));
-    assert_eq!(turn.wait_deadline(&lane, None, None), None);
+    let ends = |t, d| turn.wait_deadline(&lane, t, d).map(|e| (e.at, e.reason));
+    assert_eq!(ends(None, None), None);
+    assert_eq!(ends(Some(at), None), Some((at, Rejection::Timeout)));
     assert_eq!(
-        turn.wait_deadline(&lane, Some(at), None),
-        Some((at, Rejection::Timeout))
-    );
-    assert_eq!(
-        turn.wait_deadline(&lane, Some(at), Some(soon)),
+        ends(Some(at), Some(soon)),
         Some((soon, Rejection::Deadline))
     );
-    assert_eq!(
-        turn.wait_deadline(&lane, Some(soon), Some(at)),
-        Some((soon, Rejection::Timeout))
-    );
-    assert_eq!(
-        turn.wait_deadline(&lane, None, Some(at)),
-        Some((at, Rejection::Deadline))
-    );
+    assert_eq!(ends(Some(soon), Some(at)), Some((soon, Rejection::Timeout)));
+    assert_eq!(ends(None, Some(at)), Some((at, Rejection::Deadline)));
 }

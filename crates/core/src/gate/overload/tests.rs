@@ -486,3 +486,111 @@ fn newest_first_walks_past_blocked_tenants_in_bounded_time() {
         "{many:?} past 10,000 vs {few:?} past 100 ({ratio:.1}x)"
     );
 }
+
+/// Issue 22 items 13 and 17, at the core: a waiter's next look follows the estimate; a look
+/// refuses only what is due then; a waiter whose deadline the grown estimate no longer fits is
+/// refused at once and never granted; under a standing queue each waiter's look comes at about
+/// one service time.
+#[test]
+fn a_waiter_is_looked_at_again_as_the_estimate_moves() {
+    let gate: Gate<Note> = Gate::new(ConcurrencyLimit::new(1, 8, "reject", 0).unwrap());
+    gate.enable_overload(None, Discipline::Fifo);
+    let ms = Duration::from_millis;
+    let turn = |start: u64, end: u64| {
+        let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, None, || ms(start));
+        assert_eq!(arrival, Arrival::Admitted(None), "at {start}");
+        let (in_flight, _) = gate.turn_started(ms(start));
+        TurnEnd {
+            started_at: ms(start),
+            ended_at: ms(end),
+            in_flight,
+            outcome: Outcome::Success,
+            remaining: None,
+        }
+    };
+    // A 400 ms estimate; the slot taken; a waiter with 1 s of deadline: looked at at 600 ms.
+    let end = turn(0, 400);
+    drop(TurnSlot::new(None).finish(&gate, None, end));
+    let held = turn(400, 0);
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, Some(ms(1400)), || ms(400));
+    let Arrival::Queued(key) = arrival else {
+        panic!("{arrival:?}")
+    };
+    assert_eq!(
+        gate.next_check(key, Some(ms(1400))),
+        Some((ms(1000), Rejection::Deadline))
+    );
+    // Meanwhile turns became fast (the estimate is the gate's, whoever ran them): 40 turns of
+    // 1 ms, recorded straight into the estimate.
+    for _ in 0..40 {
+        let mut state = gate.state.lock();
+        if let Some(overload) = state.overload.as_mut() {
+            overload.service.record(ms(1));
+        }
+    }
+    // The look at 1000 ms refuses nothing: 400 ms left for 1 ms turns. The next is later.
+    let (refused, _) = gate.recheck(key, Some(ms(1400)), ms(1000));
+    assert!(!refused);
+    let (at, reason) = gate.next_check(key, Some(ms(1400))).unwrap();
+    assert!(at > ms(1390) && reason == Rejection::Deadline, "{at:?}");
+    // Turns become slow: the held turn ends at 1300 ms after 900 ms, the estimate grows to
+    // ~115 ms, and 100 ms left no longer fits it: the waiter is refused as the slot frees,
+    // never granted it.
+    let slow = TurnEnd {
+        started_at: ms(400),
+        ended_at: ms(1300),
+        ..held
+    };
+    let wakes = TurnSlot::new(None).finish(&gate, None, slow);
+    drop(wakes);
+    let (claim, _) = gate.claim(key, || ms(1300));
+    assert_eq!(claim, Claim::Refused(Rejection::Deadline, None));
+    gate.check_invariants();
+
+    // The adaptive queue: a 50 ms estimate, the slot taken, waiters at 0, 10, 20 ms after the
+    // queue formed: each looked at when it will have waited one service time, and no sooner
+    // than the queue stands (two service times).
+    let queue: Gate<Note> = Gate::new(ConcurrencyLimit::new(1, 8, "reject", 0).unwrap());
+    queue.enable_overload(None, Discipline::AdaptiveLifo);
+    let (_, _) = queue.arrive_by(None, None, Decision::Admit, None, || ms(0));
+    let (in_flight, _) = queue.turn_started(ms(0));
+    drop(TurnSlot::new(None).finish(
+        &queue,
+        None,
+        TurnEnd {
+            started_at: ms(0),
+            ended_at: ms(50),
+            in_flight,
+            outcome: Outcome::Success,
+            remaining: None,
+        },
+    ));
+    let (_, _) = queue.arrive_by(None, None, Decision::Admit, None, || ms(50));
+    let keys: Vec<WaiterKey> = [100u64, 110, 200]
+        .iter()
+        .map(|&t| {
+            match queue
+                .arrive_by(None, None, Decision::Admit, None, || ms(t))
+                .0
+            {
+                Arrival::Queued(key) => key,
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    let due: Vec<Duration> = keys
+        .iter()
+        .map(|&key| queue.next_check(key, None).unwrap().0)
+        .collect();
+    let past = Duration::from_micros(1);
+    assert_eq!(due, [ms(200) + past, ms(200) + past, ms(250) + past]);
+    // Looked at too early (an estimate that moved), a waiter stays; at its time it leaves.
+    assert!(!queue.recheck(keys[0], None, ms(150)).0);
+    assert!(queue.recheck(keys[0], None, due[0]).0);
+    assert!(queue.recheck(keys[1], None, due[1]).0);
+    // The newest is within its cap when the slot frees: it is served.
+    drop(TurnSlot::new(None).close(&queue, None));
+    let (claim, _) = queue.claim(keys[2], || ms(210));
+    assert_eq!(claim, Claim::Admitted(None));
+    queue.check_invariants();
+}

@@ -105,6 +105,8 @@ enum Turn {
 struct Client {
     arrived: Duration,
     turn: Turn,
+    /// The deadline it sent, if it sends one.
+    deadline: Option<Duration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -113,7 +115,8 @@ enum Event {
     CallEnds(usize),
     GiveUp(usize),
     Expire(usize),
-    Deadline(usize),
+    /// A waiter's next look ([`Gate::next_check`]): its deadline, the adaptive queue's cap.
+    Check(usize),
     Sample,
 }
 
@@ -234,7 +237,7 @@ impl<'a> Sim<'a> {
                 Event::CallEnds(client) => self.call_ends(client),
                 Event::GiveUp(client) => self.give_up(client),
                 Event::Expire(client) => self.expire(client, Rejection::Timeout),
-                Event::Deadline(client) => self.expire(client, Rejection::Deadline),
+                Event::Check(client) => self.check(client),
                 Event::Sample => self.sample(),
             }
             self.settle();
@@ -263,6 +266,7 @@ impl<'a> Sim<'a> {
         self.clients.push(Client {
             arrived: self.now,
             turn: Turn::Done,
+            deadline: None,
         });
         self.schedule(self.scenario.clients.patience, Event::GiveUp(client));
         let now = self.now;
@@ -271,6 +275,9 @@ impl<'a> Sim<'a> {
             .clients
             .send_deadline
             .then(|| now.saturating_add(self.scenario.clients.patience));
+        if let Some(c) = self.clients.get_mut(client) {
+            c.deadline = deadline;
+        }
         let (arrival, wakes) = self
             .gate
             .arrive_by(None, None, Decision::Admit, deadline, || now);
@@ -293,10 +300,7 @@ impl<'a> Sim<'a> {
                 if let Some(timeout) = self.candidate.queue_timeout {
                     self.schedule(timeout, Event::Expire(client));
                 }
-                if let Some(deadline) = deadline {
-                    let at = self.gate.deadline_timer(deadline);
-                    self.schedule(at.saturating_sub(now), Event::Deadline(client));
-                }
+                self.schedule_check(client, key, deadline);
             }
             Arrival::Rejected(..) => {
                 self.report.refused = self.report.refused.saturating_add(1);
@@ -423,6 +427,28 @@ impl<'a> Sim<'a> {
                 self.end_turn(client, Outcome::Ignored);
             }
             _ => {}
+        }
+    }
+
+    /// Schedules the waiter's next look, if the gate wants one.
+    fn schedule_check(&mut self, client: usize, key: WaiterKey, deadline: Option<Duration>) {
+        if let Some((at, _)) = self.gate.next_check(key, deadline) {
+            let wait = at.saturating_sub(self.now);
+            self.schedule(wait, Event::Check(client));
+        }
+    }
+
+    fn check(&mut self, client: usize) {
+        let Some((Turn::Queued(key), deadline)) =
+            self.clients.get(client).map(|c| (&c.turn, c.deadline))
+        else {
+            return;
+        };
+        let key = *key;
+        let (refused, wakes) = self.gate.recheck(key, deadline, self.now);
+        wakes.run();
+        if !refused {
+            self.schedule_check(client, key, deadline);
         }
     }
 
