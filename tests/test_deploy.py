@@ -257,7 +257,7 @@ def start_broker(
     if how == "image":
         (tmp / "broker.yaml").write_text(config)
         prefix = [
-            "run", "--rm", "--network", "host", "--read-only",
+            "--storage-driver", "vfs", "run", "--rm", "--network", "host", "--read-only",
             "-v", f"{tmp / 'broker.yaml'}:{CONFIG_IN_IMAGE}:ro",
             # This sandbox's limits: runc with cgroupfs, and rlimits it may not raise.
             "--runtime", "runc", "--cgroup-manager", "cgroupfs",
