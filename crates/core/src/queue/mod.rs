@@ -52,10 +52,13 @@
 //! guarantee is taken back by serving the short class first at each release, never by
 //! cancelling a running turn.
 //!
-//! **Shedding.** When a newcomer finds the queue full, the least important class with
-//! waiters below the newcomer's class loses its oldest waiter first (bit scan of the
-//! "has waiters" mask); only when no lower class waits does the overflow policy apply within
-//! the newcomer's own class. A newcomer never evicts a waiter of a more important class.
+//! **Shedding.** When a newcomer finds the queue full, the least important class below the
+//! newcomer's with a waiter to spare loses its oldest waiter first (bit scan of a mask);
+//! only when no lower class has one does the overflow policy apply within the newcomer's own
+//! class. A class at or below its guarantee keeps as many waiters as its guaranteed slots
+//! from being shed: otherwise a more important class in overload would shed every waiter
+//! of a less important one as it arrived, and the guarantee would never be served.
+//! A newcomer never evicts a waiter of a more important class.
 //!
 //! **Counting.** Each class counts its turns in flight and its outcomes (admitted, refused,
 //! shed, cancelled); the gate keeps the totals, and the invariant checks assert that the
@@ -234,6 +237,20 @@ struct ClassState {
     tally: Tally,
 }
 
+impl ClassState {
+    /// How many of its waiters a class holding `in_flight` slots keeps from more important
+    /// newcomers: at or below its guarantee, as many as its guarantee, so each of its turns
+    /// that ends is replaced at once and it never runs below its share while it has work;
+    /// above it (borrowing), none.
+    fn kept(&self, in_flight: u64) -> u64 {
+        if in_flight <= self.slots.guarantee {
+            self.slots.guarantee
+        } else {
+            0
+        }
+    }
+}
+
 /// Files a lane under `wanted` in `index`, where `filed` says it is now, if that changed.
 fn refile<K: Ord + Copy>(
     index: &mut BTreeMap<K, u32>,
@@ -303,6 +320,9 @@ pub struct Queue<W> {
     below_cap: u64,
     below_guarantee: u64,
     in_depth: u64,
+    /// Per class: more waiters that count against the depth than it keeps for its guarantee
+    /// (see [`ClassState::kept`]): a waiter a more important newcomer may shed.
+    sheddable: u64,
     /// Waiters held back only by soft memory pressure, in all.
     outside: u64,
 }
@@ -323,6 +343,7 @@ impl<W> Queue<W> {
             below_cap: 0,
             below_guarantee: 0,
             in_depth: 0,
+            sheddable: 0,
             outside: 0,
         };
         queue.classes = queue.fresh_classes();
@@ -414,11 +435,16 @@ impl<W> Queue<W> {
         let backlogged = !state.ready.is_empty();
         let below_cap = state.in_flight < state.slots.cap;
         let below_guarantee = state.in_flight < state.slots.guarantee;
-        let in_depth = self.waiters.class_len(class) > state.outside_depth;
+        let held = self
+            .waiters
+            .class_len(class)
+            .saturating_sub(state.outside_depth);
+        let needed = state.kept(state.in_flight);
         set_bit(&mut self.backlogged, class, backlogged);
         set_bit(&mut self.below_cap, class, below_cap);
         set_bit(&mut self.below_guarantee, class, below_guarantee);
-        set_bit(&mut self.in_depth, class, in_depth);
+        set_bit(&mut self.in_depth, class, held > 0);
+        set_bit(&mut self.sheddable, class, held > needed);
     }
 
     /// `class` as a position in this queue's classes.
@@ -888,12 +914,14 @@ impl<W> Queue<W> {
 
     /// Whom a newcomer of class `class` that finds its queue full sheds: the oldest waiter
     /// (that counts against the depth) of the least important class below `class` that has
-    /// one, else, when `same_class` (`shed_oldest`), the oldest of `class` itself. `tenant`:
-    /// the queue is that tenant's own (it is at its limit), not the whole queue.
+    /// one to spare, else, when `same_class` (`shed_oldest`), the oldest of `class` itself.
+    /// A class at or below its guarantee spares none of the waiters it keeps for it (as many
+    /// as its guaranteed slots): shedding those would starve the share it is guaranteed. `tenant`: the queue is that tenant's own (it is at its limit), not the
+    /// whole queue.
     pub fn victim(&self, class: usize, tenant: Option<&str>, same_class: bool) -> Option<u32> {
         match tenant {
             None => {
-                let lower = self.in_depth & below(class);
+                let lower = self.sheddable & below(class);
                 let from = if lower != 0 {
                     63usize.saturating_sub(lower.leading_zeros() as usize)
                 } else if same_class {
@@ -909,7 +937,7 @@ impl<W> Queue<W> {
                 let state = self.scopes.get(name)?;
                 let lower = state
                     .lanes()
-                    .filter(|&(c, _)| c > class)
+                    .filter(|&(c, _)| c > class && self.sheddable >> c & 1 == 1)
                     .collect::<Vec<_>>()
                     .into_iter()
                     .rev()
@@ -1100,10 +1128,13 @@ impl<W> Queue<W> {
                 bit(self.below_guarantee),
                 state.in_flight < state.slots.guarantee
             );
+            let held = members.len() as u64 - state.outside_depth;
+            assert_eq!(bit(self.in_depth), held > 0, "class {class} in-depth bit");
+            let needed = state.kept(state.in_flight);
             assert_eq!(
-                bit(self.in_depth),
-                members.len() as u64 > state.outside_depth,
-                "class {class} in-depth bit"
+                bit(self.sheddable),
+                held > needed,
+                "class {class} sheddable bit"
             );
             class_in_flight += state.in_flight;
         }

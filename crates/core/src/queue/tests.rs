@@ -614,3 +614,41 @@ fn a_grant_stays_cheap_at_ten_thousand_waiters() {
     close(&g, holder);
     assert_eq!(g.stats(|| T0).queued, 0);
 }
+
+#[test]
+fn a_class_at_its_guarantee_keeps_the_waiters_its_guarantee_needs() {
+    // Ceiling 2, depth 1; lo is guaranteed one slot.
+    let order = classes(&[("hi", 0.0, 1.0), ("lo", 0.5, 1.0)], false);
+    let g = gate(2, 1, "reject", 0, order);
+    let hi1 = slot(arrive(&g, "a", HI));
+    let hi2 = slot(arrive(&g, "a", HI));
+    let lo1 = waiting(arrive(&g, "b", LO));
+    // lo holds nothing and keeps its one waiter for its guarantee: not shed for hi.
+    assert!(matches!(
+        arrive(&g, "a", HI),
+        Got::Refused(Rejection::QueueFull)
+    ));
+    close(&g, hi1);
+    let lo1 = claimed(&g, lo1);
+    // At its guarantee lo still keeps one waiter (to replace its turn when it ends) ...
+    let lo2 = waiting(arrive(&g, "b", LO));
+    assert!(matches!(
+        arrive(&g, "a", HI),
+        Got::Refused(Rejection::QueueFull)
+    ));
+    // ... and when that turn ends, the waiter runs: lo never drops below its share.
+    close(&g, lo1);
+    let lo2 = claimed(&g, lo2);
+    close(&g, hi2);
+    // Borrowing above its guarantee, lo keeps no waiter from a more important newcomer.
+    let lo3 = slot(arrive(&g, "b", LO));
+    let lo4 = waiting(arrive(&g, "b", LO));
+    let hi3 = waiting(arrive(&g, "a", HI));
+    assert!(matches!(
+        claim(&g, lo4.0),
+        Claim::Refused(Rejection::Shed, _)
+    ));
+    close(&g, lo2);
+    close(&g, claimed(&g, hi3));
+    close(&g, lo3);
+}
