@@ -331,3 +331,68 @@ def test_a_burst_100_times_the_cap_and_thousands_of_waiters_settle_and_add_up():
     assert stats["admitted"] + stats["shed"] + stats["rejected"] == 100 * cap
     assert stats["shed"] > 0, "the burst overflowed the queue"
     assert all(peak > 0 for peak in peak_per_class.values())
+
+
+# -- YAML and check-config -----------------------------------------------------------------
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_gateway_config_declares_classes_that_check_config_reports_and_the_gate_uses(
+    tmp_path,
+):
+    from admitgate import config
+
+    path = write(
+        tmp_path,
+        "gateway:\n  max_concurrent_runs: 4\n  queue_depth: 8\n"
+        "priorities:\n  - name: interactive\n    min_share: 0.5\n"
+        "  - {name: batch, min_share: 0.25, max_share: 0.75}\n"
+        "default_priority: batch\nfairness: tenant\n",
+    )
+    settings = config.load(path)
+    assert settings.settings["priorities"].line == 4
+    assert settings.gate_kwargs()["priorities"] == [
+        PriorityClass("interactive", min_share=0.5),
+        PriorityClass("batch", min_share=0.25, max_share=0.75),
+    ]
+    text = settings.format_text()
+    assert "interactive (0.5..1), batch (0.25..0.75)" in text
+    assert "Priority classes, most important first: interactive, batch" in text
+    g = settings.build_gate()
+    assert g is not None
+
+    async def main():
+        async with g.admit():  # the default class: batch
+            assert g.stats()["classes"]["batch"]["in_flight"] == 1
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("priorities: interactive\n", "priorities must be a list of classes"),
+        (
+            "priorities:\n  - name: a\n    share: 0.5\n",
+            r"priorities\[0\] has unknown keys \['share'\]",
+        ),
+        ("priorities:\n  - name: a\n    min_share: 2\n", r"priorities\[0\]: min_share must be"),
+        (
+            "priorities:\n  - {name: a, min_share: 0.7}\n  - {name: b, min_share: 0.5}\n",
+            "sum to 1.2",
+        ),
+        ("priorities:\n  - {name: a}\ndefault_priority: b\n", "default_priority 'b' is not"),
+        ("priorities:\n  - {name: a}\nfairness: fifo\n", "fairness must be one of"),
+    ],
+)
+def test_bad_priorities_in_a_config_are_refused_with_the_line(tmp_path, yaml_text, message):
+    from admitgate import config
+
+    with pytest.raises(config.ConfigError, match=message) as caught:
+        config.load(write(tmp_path, "gateway:\n  max_concurrent_runs: 2\n" + yaml_text))
+    assert ":3:" in str(caught.value) or ":4:" in str(caught.value)
