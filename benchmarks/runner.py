@@ -22,6 +22,7 @@ from .machine import machine
 from .memory import bench_memory
 from .memory_aware import bench_memory_aware
 from .overload import bench_overload
+from .priorities import bench_priorities
 from .subjects import reference
 from .threads import bench_threads
 from .uncontended import bench_uncontended, bench_uncontended_nobinding
@@ -39,6 +40,7 @@ WORKLOADS: dict[str, Workload] = {
     "threads": bench_threads,
     "adaptive": bench_adaptive,
     "adaptive-cost": bench_adaptive_cost,
+    "priorities": bench_priorities,
     "asgi-parsers": bench_asgi_parsers,
     "asgi-jsonrpc": bench_asgi_jsonrpc,
 }
@@ -65,6 +67,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "scan_before_reps": 3,
         "classify_calls": 20_000,
         "jsonrpc_calls": 20_000,
+        "priorities_duration": 60.0,
     },
     "quick": {
         "reps": 1,
@@ -85,6 +88,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "scan_before_reps": 1,
         "classify_calls": 200,
         "jsonrpc_calls": 200,
+        "priorities_duration": 12.0,
     },
 }
 

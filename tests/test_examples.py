@@ -83,6 +83,14 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^provider 429s: \d+ of \d+ calls$",
         r"^with every slot taken, 5 ms left: deadline$",
     ],
+    "priorities.py": [
+        r"^batch-4: refused \(shed, class batch\)$",
+        r"^batch-6: refused \(shed, class batch\)$",
+        r"^in flight / queued: \{'interactive': \(0, 3\), 'batch': \(4, 5\)\}$",
+        r"^the chat turns started \[5, 6, 7\] of 12$",
+        r"'interactive': \{'in_flight': 0, 'queued': 0, 'admitted': 3, 'rejected': 0, 'shed': 0",
+        r"'batch': \{'in_flight': 0, 'queued': 0, 'admitted': 9, 'rejected': 0, 'shed': 3",
+    ],
     "check_config.py": [
         r"^ceiling 32 soft RSS 921\.6 MiB$",
         r"^queue_depth from override$",

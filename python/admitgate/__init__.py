@@ -32,6 +32,7 @@ from ._admitgate import (
 from ._builders import build_admission_gate, build_memory_pressure_policy
 from ._drain import DrainReport
 from ._errors import REJECTION_REASONS, AdmissionRejected
+from ._priorities import PriorityClass
 from ._types import ResourceSample
 
 __version__: str = _admitgate.__version__
@@ -50,6 +51,7 @@ __all__ = [
     "FleetLimit",
     "InternalError",
     "MemoryPressurePolicy",
+    "PriorityClass",
     "ResourceSample",
     "RssSampler",
     "build_admission_gate",

@@ -4,13 +4,14 @@ Hand-written; checked against the built module by ``python -m mypy.stubtest``.
 """
 
 import os
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal, final
 
 from typing_extensions import disjoint_base
 
 from ._drain import DrainReport
+from ._priorities import PriorityClass
 from ._types import ResourceSample
 
 __all__ = [
@@ -183,6 +184,17 @@ class AdmissionGate:
     fleet's ``max_in_flight``, kept in Redis and honoured by every lease);
     ``queue_discipline="adaptive"`` serves a standing queue newest first with waits capped
     at the measured service time (``"fifo"``: today's order). Both need a ceiling.
+
+    ``priorities`` (a list of :class:`admitgate.PriorityClass`, most important first) gives
+    turns classes: a class below its guaranteed share (``min_share`` of the limit) is served
+    first, then classes in priority order; ``max_share`` caps a class even while slots are
+    free; a full queue sheds the least important class's oldest waiter rather than refuse a
+    more important newcomer. ``default_priority`` names the class of a turn that names none
+    (default: the last class). ``fairness="tenant"`` shares turns fairly across tenants
+    (``session_id``) within each class, FIFO within a tenant; it is on by default with
+    classes (``"none"`` turns it off) and off without. ``tenant_weights`` (``{tenant:
+    weight}``, 1 to 1,000,000) weighs tenants' shares under fair queuing. See
+    ``docs/priorities.md``.
     """
 
     def __new__(
@@ -194,6 +206,10 @@ class AdmissionGate:
         fleet: FleetLimit | None = None,
         adaptive: AdaptiveLimit | None = None,
         queue_discipline: str | None = None,
+        priorities: Sequence[PriorityClass] | None = None,
+        default_priority: str | None = None,
+        fairness: Literal["tenant", "none"] | None = None,
+        tenant_weights: Mapping[str, int] | None = None,
     ) -> AdmissionGate: ...
     @property
     def adaptive(self) -> AdaptiveLimit | None:
@@ -216,6 +232,7 @@ class AdmissionGate:
         transport: str = "direct",
         on_queued: Callable[[int, float | None], object] | None = None,
         deadline_s: float | None = None,
+        priority: str | None = None,
     ) -> Admission:
         """One turn's passage: ``async with gate.admit(session_id=user):``. Raises
         ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting.
@@ -233,7 +250,9 @@ class AdmissionGate:
         ``[a-z0-9_]``, not ``"passthrough"``; a gate keeps at most :data:`MAX_TRANSPORTS`.
         ``on_queued(position, estimated_wait_s)`` is called once if the turn has to wait
         (see :attr:`Admission.position`); an exception from it withdraws the turn and
-        propagates."""
+        propagates. ``priority`` names the turn's class on a gate built with
+        ``priorities=[...]`` (``None``: its default class); an unknown name, or any name on a
+        gate without classes, raises ``ValueError`` naming it (and the known classes)."""
     def admit_sync(
         self,
         *,
@@ -242,6 +261,7 @@ class AdmissionGate:
         timeout: float | None = None,
         on_queued: Callable[[int, float | None], object] | None = None,
         deadline_s: float | None = None,
+        priority: str | None = None,
     ) -> Admission:
         """One turn from a worker thread: ``with gate.admit_sync(session_id=user):``. Shares
         the slots, queues and FIFO order of async turns; waits without holding the GIL, at
@@ -257,6 +277,10 @@ class AdmissionGate:
         max_concurrent_runs_per_scope: int | float | str = ...,
         max_rss_mb: float | None = ...,
         queue_timeout_s: float | None = ...,
+        priorities: Sequence[PriorityClass] | None = None,
+        default_priority: str | None = None,
+        fairness: Literal["tenant", "none"] | None = None,
+        tenant_weights: Mapping[str, int] | None = None,
     ) -> int:
         """Change any subset of the limits while the gate runs, validated as at
         construction (a bad value changes nothing). Lowering the ceiling never cancels a
@@ -264,11 +288,14 @@ class AdmissionGate:
         the newest waiters of each lane past the new depth (``queue_full``) except under the
         ``queue`` policy. Turns let through while the gate enforced nothing count against a
         ceiling set now. Memory pressure is sampled afresh: if it eased (or ``max_rss_mb=0``
-        turned memory-aware admission off), the waiters it held back start at once. Returns
-        how many waiters were refused."""
+        turned memory-aware admission off), the waiters it held back start at once. Classes'
+        guarantees and caps follow the new ceiling. ``priorities`` may change the classes'
+        shares, not their names or order (``ValueError``); ``default_priority``,
+        ``fairness`` and ``tenant_weights`` may change (``None``: unchanged). Returns how
+        many waiters were refused."""
     def scope_stats(self) -> dict[str, dict[str, int]]:
         """``{tenant: {"in_flight": n, "queued": n}}`` for tenants with turns running or
-        waiting; empty when per-tenant limits are off."""
+        waiting; empty when neither per-tenant limits nor fair queuing are on."""
     def close(self, drain_timeout: float | None = None) -> Coroutine[Any, Any, DrainReport]:
         """Drain: stop admitting (``closing``), refuse every queued turn at once (and, with
         a fleet limit, every turn still waiting for its lease), never cancel a running one,
@@ -341,7 +368,7 @@ class AdmissionGate:
     @property
     def policy(self) -> Any | None:
         """The concurrency policy the gate was built with."""
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, int | float | dict[str, dict[str, int]]]:
         """A snapshot: ``max_concurrent_runs``, ``max_concurrent_runs_per_scope``,
         ``queue_depth``, ``in_flight``, ``queued``, ``awaiting_human``, ``admitted``,
         ``rejected``, ``shed``, ``max_rss_mb`` (float), ``cancelled`` and ``limit`` (the
@@ -349,7 +376,9 @@ class AdmissionGate:
         also ``fleet_in_flight``, ``fleet_max_in_flight``, ``fleet_backend_up`` (1/0),
         ``fleet_lease_lost``, ``fleet_borrowed`` and ``fleet_outages``; with a fleet limit and
         ``adaptive=``, ``fleet_limit`` (the fleet's learned limit, 0 until one is read), which
-        ``limit`` then shows."""
+        ``limit`` then shows. With ``priorities=``, ``classes``: ``{name: {"in_flight",
+        "queued", "admitted", "rejected", "shed", "cancelled"}}``, read with the totals under
+        one lock, so each counter summed over the classes equals the total."""
     @property
     def _resource_policy(self) -> Any | None: ...
     @property

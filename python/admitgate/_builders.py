@@ -36,6 +36,10 @@ def build_admission_gate(
     fleet: Any = None,
     adaptive: Any = None,
     queue_discipline: Any = "fifo",
+    priorities: Any = None,
+    default_priority: Any = None,
+    fairness: Any = None,
+    tenant_weights: Any = None,
 ) -> AdmissionGate | None:
     """Build an :class:`AdmissionGate` from configuration, or return ``None``.
 
@@ -50,7 +54,13 @@ def build_admission_gate(
     :class:`admitgate.AdaptiveLimit`) learns the provider's real ceiling below
     ``max_concurrent_runs``; ``queue_discipline="adaptive"`` serves a standing queue newest
     first with waits capped at the measured service time (``"fifo"``, the default, is
-    today's order).
+    today's order). ``priorities`` (a list of :class:`admitgate.PriorityClass`, most
+    important first) gives turns classes with guaranteed and capped shares of the limit,
+    ``default_priority`` names the class of a turn that names none (the last class when
+    ``None``), ``fairness="tenant"`` shares each class's turns fairly across tenants (on by
+    default with classes; ``"none"`` turns it off) and ``tenant_weights`` weighs tenants'
+    shares (see ``docs/priorities.md``); with ``priorities`` the gate is built even without
+    a ceiling, so its classes are counted.
     """
     if policy is None:
         candidate = ConcurrencyLimitPolicy(
@@ -62,7 +72,15 @@ def build_admission_gate(
             ),
             queue_timeout_s=queue_timeout_s,
         )
-        if candidate.max_concurrent_runs == 0 and fleet is None and adaptive is None:
+        ordered = any(
+            arg is not None for arg in (priorities, default_priority, fairness, tenant_weights)
+        )
+        if (
+            candidate.max_concurrent_runs == 0
+            and fleet is None
+            and adaptive is None
+            and not ordered
+        ):
             if resource_policy is not None:
                 return AdmissionGate(None, resource_policy=resource_policy)
             return None
@@ -73,4 +91,8 @@ def build_admission_gate(
         fleet=fleet,
         adaptive=adaptive,
         queue_discipline=queue_discipline,
+        priorities=priorities,
+        default_priority=default_priority,
+        fairness=fairness,
+        tenant_weights=tenant_weights,
     )

@@ -54,6 +54,10 @@ class AdmissionRejected(Exception):
     is measured over the last 10 s); a fixed 5 s for ``memory_pressure``; ``None`` for
     ``policy`` and when raised by user code. The front doors send it as ``Retry-After``
     (whole seconds, rounded up) and ``grpc-retry-pushback-ms``.
+
+    ``priority`` names the refused turn's priority class on a gate built with
+    ``priorities=[...]`` (``None`` otherwise): a full queue sheds the least important class
+    first, so a ``shed`` turn's class says who gave way (see ``docs/priorities.md``).
     """
 
     def __init__(
@@ -62,8 +66,10 @@ class AdmissionRejected(Exception):
         *,
         reason: str | None = None,
         retry_after: float | None = None,
+        priority: str | None = None,
     ):
         super().__init__(message)
         self.message = message
         self.reason = reason
         self.retry_after = retry_after
+        self.priority = priority

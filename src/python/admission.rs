@@ -27,12 +27,12 @@ use pyo3::types::PyString;
 use super::args;
 use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
-use super::rejection::rejection;
+use super::rejection::rejection_in;
 use super::runtime::{deadline_after, log, now};
 use super::wake::{Core, PyWaker};
 use admitgate_core::overload::Outcome;
 use admitgate_core::transport::TransportId;
-use admitgate_core::{Registered, Rejection, WaiterKey};
+use admitgate_core::{ClassId, Registered, Rejection, WaiterKey};
 
 /// One turn's passage through the gate: the context manager `gate.admit()` returns (its
 /// Python methods are in `enter`).
@@ -72,6 +72,8 @@ pub struct AdmitArgs {
     pub timeout: Option<Duration>,
     /// `deadline_s`, as a deadline on the binding's clock.
     pub deadline: Option<Duration>,
+    /// `priority=`, resolved to its class.
+    pub class: ClassId,
 }
 
 /// How an arrival turned out, for the async and the blocking entry alike.
@@ -86,12 +88,14 @@ impl Admission {
     /// An admission of one turn, not yet entered.
     pub fn new(gate: Py<PyAdmissionGate>, args: AdmitArgs) -> Self {
         let lease_follows = gate.get().fleet().is_some();
+        let mut turn = Turn::new(args.transport, lease_follows);
+        turn.set_class(args.class);
         Self {
             gate,
             session_id: args.session_id,
             on_queued: args.on_queued,
             timeout: args.timeout,
-            turn: Mutex::new(Turn::new(args.transport, lease_follows)),
+            turn: Mutex::new(turn),
             token: Mutex::new(None),
             waited: AtomicBool::new(false),
             deadline_at: args.deadline,
@@ -102,6 +106,14 @@ impl Admission {
     /// The gate the turn passes.
     pub fn gate(&self) -> &Py<PyAdmissionGate> {
         &self.gate
+    }
+
+    /// The exception this turn raises when refused for `reason`: it names the turn's
+    /// priority class on a gate that has classes.
+    pub fn refusal(&self, py: Python<'_>, reason: Rejection, retry: Option<Duration>) -> PyErr {
+        let class = self.turn.lock().class();
+        let name = self.gate.get().classes().name(class);
+        rejection_in(py, reason, retry, name.as_deref())
     }
 
     fn core(&self) -> &Arc<Core> {
@@ -316,7 +328,7 @@ impl Admission {
         let session_id = this.session_id.bind(py);
         let session_key = args::scope_key(session_id)?;
         let session: &str = &session_key;
-        let scope = (gate.max_per_scope() > 0 && !session.is_empty()).then_some(session);
+        let scope = (gate.tracks_tenants() && !session.is_empty()).then_some(session);
         let resource = gate.resources.decision(py);
         if !gate.native_policy() && core.has_waiters() {
             // A custom policy decides from the facts the arrival will see: let eased
@@ -352,7 +364,7 @@ impl Admission {
                         if session.is_empty() { "-" } else { session }
                     ),
                 );
-                Err(rejection(py, refused.reason, refused.retry_after))
+                Err(this.refusal(py, refused.reason, refused.retry_after))
             }
             Arrived::Queued(key) => {
                 let timeout = match (gate.queue_timeout(), this.timeout) {

@@ -20,7 +20,6 @@ use super::admission::Admission;
 use super::awaitable::thrown;
 use super::errors::guard;
 use super::pressure_check;
-use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use super::wake::{mailbox_for, resolve_waiter, Core, LoopWaker, PyWaker};
 use admitgate_core::{Registered, WaiterKey};
@@ -163,7 +162,9 @@ impl Wait {
                 }
                 Claimed::Refused(refused) => {
                     self.finish(py);
-                    return Err(rejection(py, refused.reason, refused.retry_after));
+                    return Err(admission
+                        .get()
+                        .refusal(py, refused.reason, refused.retry_after));
                 }
                 Claimed::Withdrawn => {
                     self.finish(py);

@@ -17,7 +17,6 @@ use pyo3::prelude::*;
 use super::admission::Admission;
 use super::exit::detach_counted;
 use super::pressure_check::{self, WATCH_INTERVAL};
-use super::rejection::rejection;
 use super::runtime::now;
 use super::wake::{PyWaker, ThreadSignal};
 
@@ -58,7 +57,9 @@ impl<'a> BlockingWait<'a> {
                 }
                 Claimed::Refused(refused) => {
                     self.done = true;
-                    return Err(rejection(py, refused.reason, refused.retry_after));
+                    return Err(self
+                        .admission
+                        .refusal(py, refused.reason, refused.retry_after));
                 }
                 Claimed::Withdrawn => {
                     self.done = true;

@@ -22,7 +22,6 @@ use super::blocking::BlockingWait;
 use super::errors::guard;
 use super::fleet::{acquire_blocking, lease_scope, Blocked, FleetRuntime, PyFleetLimit};
 use super::lease_wait::LeaseWait;
-use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use admitgate_core::Rejection;
 use admitgate_passage::TurnLease;
@@ -141,15 +140,15 @@ impl Admission {
             }
             Ok(Err(Blocked::Refused(retry))) => {
                 Self::lease_refused(slf, Rejection::FleetUnavailable);
-                Err(rejection(py, Rejection::FleetUnavailable, Some(retry)))
+                Err(this.refusal(py, Rejection::FleetUnavailable, Some(retry)))
             }
             Ok(Err(Blocked::TimedOut(reason))) => {
                 let retry = Self::lease_refused(slf, reason);
-                Err(rejection(py, reason, retry))
+                Err(this.refusal(py, reason, retry))
             }
             Ok(Err(Blocked::Ended(reason))) => {
                 let retry = Self::lease_refused(slf, reason);
-                Err(rejection(py, reason, retry))
+                Err(this.refusal(py, reason, retry))
             }
             Ok(Err(Blocked::Interrupted(err))) => {
                 Self::lease_cancelled(slf);

@@ -14,6 +14,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use super::adaptive::{self, PyAdaptiveLimit};
 use super::fleet::{LeaseWaits, PyFleetLimit};
 use super::policy::{decision_from, not_a_decision};
+use super::priorities::ClassNames;
 use super::resources::ResourceGate;
 use super::runtime::log;
 use super::wake::Core;
@@ -56,6 +57,8 @@ pub struct PyAdmissionGate {
     pub(super) throttle_on: Option<Py<PyTuple>>,
     /// `queue_discipline=`.
     pub(super) discipline: Discipline,
+    /// `priorities=` and `fairness=`: the classes turns name.
+    pub(super) classes: ClassNames,
 }
 
 impl PyAdmissionGate {
@@ -72,6 +75,16 @@ impl PyAdmissionGate {
     /// The per-scope limit in force (0: off).
     pub fn max_per_scope(&self) -> u32 {
         self.per_scope.load(Ordering::Relaxed)
+    }
+
+    /// Whether turns are tracked per tenant: a per-tenant limit, or fair queuing.
+    pub fn tracks_tenants(&self) -> bool {
+        self.max_per_scope() > 0 || self.classes.fair()
+    }
+
+    /// The priority classes turns name.
+    pub fn classes(&self) -> &ClassNames {
+        &self.classes
     }
 
     /// The queue timeout in force.
@@ -92,7 +105,10 @@ impl PyAdmissionGate {
     /// Whether the gate is active: a ceiling is set, memory-aware admission is on, or a fleet
     /// limit is configured.
     pub fn is_enabled(&self, py: Python<'_>) -> bool {
-        self.max_concurrent_runs() > 0 || self.resources.enabled(py) || self.fleet.is_some()
+        self.max_concurrent_runs() > 0
+            || self.resources.enabled(py)
+            || self.fleet.is_some()
+            || self.classes.classed()
     }
 
     /// The fleet-wide limit, if one is configured.

@@ -22,6 +22,7 @@ use super::gate::PyAdmissionGate;
 use super::human_wait::human_wait_scope;
 use super::policy::PyConcurrencyLimitPolicy;
 use super::pressure_check;
+use super::priorities::{self, ClassNames};
 use super::resources::ResourceGate;
 use super::runtime::{deadline_after, now, running_loop};
 use super::wake::{Core, DrainWaiter, ThreadSignal};
@@ -164,7 +165,9 @@ fn admit_args(
     transport: Option<Bound<'_, PyAny>>,
     on_queued: Option<Bound<'_, PyAny>>,
     timeout: Option<Duration>,
+    priority: Option<Bound<'_, PyAny>>,
 ) -> PyResult<AdmitArgs> {
+    let class = gate.classes().resolve(priority.as_ref())?;
     let transport = match transport {
         None => TransportId::DIRECT,
         Some(t) => {
@@ -193,10 +196,104 @@ fn admit_args(
         on_queued,
         timeout,
         deadline: None,
+        class,
     })
 }
 
 impl PyAdmissionGate {
+    /// The order `reconfigure` asks for, validated against the classes in force (`None`
+    /// when none of its arguments is given). Classes keep their names and order; an argument
+    /// not given keeps its value.
+    fn reordered(
+        &self,
+        py: Python<'_>,
+        priorities: Option<&Bound<'_, PyAny>>,
+        default_priority: Option<&Bound<'_, PyAny>>,
+        fairness: Option<&Bound<'_, PyAny>>,
+        tenant_weights: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<admitgate_core::Order>> {
+        fn given<'a, 'py>(arg: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+            arg.filter(|a| !a.is_none())
+        }
+        if [priorities, default_priority, fairness, tenant_weights]
+            .into_iter()
+            .all(|arg| given(arg).is_none())
+        {
+            return Ok(None);
+        }
+        let current = self.core.order();
+        if given(priorities).is_none()
+            && !self.classes.classed()
+            && given(default_priority).is_some()
+        {
+            return Err(PyValueError::new_err(
+                "default_priority needs a gate with priorities=[...]",
+            ));
+        }
+        let (mut order, classed) = if given(priorities).is_some() {
+            let (order, classed) =
+                priorities::order_from(py, priorities, default_priority, fairness, tenant_weights)?;
+            if !self.classes.classed() || !order.priorities.same_names(&current.priorities) {
+                return Err(PyValueError::new_err(
+                    "reconfigure may change the priority classes' shares, not their names or \
+                     order (nor add classes to a gate built without them)",
+                ));
+            }
+            let mut order = order;
+            if given(default_priority).is_none() {
+                let default = current.priorities.default_class();
+                let name = current
+                    .priorities
+                    .names()
+                    .get(usize::from(default.0))
+                    .cloned();
+                order.priorities = admitgate_core::Priorities::new(
+                    order.priorities.classes().to_vec(),
+                    name.as_deref(),
+                )
+                .map_err(|err| PyValueError::new_err(err.to_string()))?;
+            }
+            (order, classed)
+        } else {
+            let (mut order, classed) =
+                priorities::order_from(py, None, None, fairness, tenant_weights)?;
+            order.priorities = current.priorities.clone();
+            if let Some(name) = given(default_priority) {
+                let class = self.classes.resolve(Some(name)).map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "default_priority {} is not a priority class; known: {}",
+                        name.repr().map(|r| r.to_string()).unwrap_or_default(),
+                        admitgate_core::queue::classes::names(&current.priorities.names())
+                    ))
+                })?;
+                let default = current
+                    .priorities
+                    .names()
+                    .get(usize::from(class.0))
+                    .map(|n| n.to_string());
+                order.priorities = admitgate_core::Priorities::new(
+                    current.priorities.classes().to_vec(),
+                    default.as_deref(),
+                )
+                .map_err(|err| PyValueError::new_err(err.to_string()))?;
+            }
+            (order, self.classes.classed() || classed)
+        };
+        if given(fairness).is_none() {
+            order.fair = current.fair;
+        }
+        if given(tenant_weights).is_none() {
+            order.weights = current.weights.clone();
+        }
+        if !order.weights.is_empty() && !order.fair {
+            return Err(PyValueError::new_err(
+                "tenant_weights needs fair queuing (fairness='tenant', or priorities=[...])",
+            ));
+        }
+        let _ = classed;
+        Ok(Some(order))
+    }
+
     /// The fleet's learned limit, when this gate learns one with its fleet (`adaptive=` and
     /// `fleet=`) and has read it: what `limit` shows then.
     fn fleet_learned(&self, py: Python<'_>) -> PyResult<Option<u64>> {
@@ -215,7 +312,8 @@ impl PyAdmissionGate {
     #[new]
     #[pyo3(signature = (
         policy, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None,
-        queue_discipline=None
+        queue_discipline=None, priorities=None, default_priority=None, fairness=None,
+        tenant_weights=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -226,8 +324,19 @@ impl PyAdmissionGate {
         fleet: Option<Bound<'_, PyAny>>,
         adaptive: Option<Bound<'_, PyAny>>,
         queue_discipline: Option<Bound<'_, PyAny>>,
+        priorities: Option<Bound<'_, PyAny>>,
+        default_priority: Option<Bound<'_, PyAny>>,
+        fairness: Option<Bound<'_, PyAny>>,
+        tenant_weights: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
+            let (order, classed) = priorities::order_from(
+                py,
+                priorities.as_ref(),
+                default_priority.as_ref(),
+                fairness.as_ref(),
+                tenant_weights.as_ref(),
+            )?;
             let discipline = adaptive::discipline(queue_discipline.as_ref())?;
             let adaptive = match adaptive {
                 Some(a) if a.is_none() => None,
@@ -269,6 +378,11 @@ impl PyAdmissionGate {
                 ));
             }
             let core = Arc::new(Core::new(limits));
+            let classes = ClassNames::new(&order, classed);
+            // A fresh gate takes any order: nothing to wake.
+            core.set_order(order)
+                .map_err(|err| PyValueError::new_err(err.to_string()))?
+                .run();
             if controller.is_some() || discipline != Discipline::Fifo {
                 core.enable_overload(controller, discipline);
             }
@@ -291,6 +405,7 @@ impl PyAdmissionGate {
                 throttle_on: adaptive.as_ref().map(|a| a.get().throttle_types(py)),
                 adaptive: adaptive.map(Bound::unbind),
                 discipline,
+                classes,
             };
             gate.set_queue_timeout(declared.queue_timeout);
             Ok(gate)
@@ -300,8 +415,8 @@ impl PyAdmissionGate {
     /// Admits (or sheds) one turn: `async with gate.admit(session_id=..., transport=...)`.
     /// Raises `AdmissionRejected` on entry when the turn is rejected or evicted while waiting.
     #[pyo3(
-        signature = (*, session_id=None, transport=None, on_queued=None, deadline_s=None),
-        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None)"
+        signature = (*, session_id=None, transport=None, on_queued=None, deadline_s=None, priority=None),
+        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None, priority=None)"
     )]
     fn admit(
         slf: &Bound<'_, Self>,
@@ -309,9 +424,18 @@ impl PyAdmissionGate {
         transport: Option<Bound<'_, PyAny>>,
         on_queued: Option<Bound<'_, PyAny>>,
         deadline_s: Option<Bound<'_, PyAny>>,
+        priority: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
-            let mut args = admit_args(slf.get(), slf.py(), session_id, transport, on_queued, None)?;
+            let mut args = admit_args(
+                slf.get(),
+                slf.py(),
+                session_id,
+                transport,
+                on_queued,
+                None,
+                priority,
+            )?;
             args.deadline = slf.get().caller_deadline(deadline_s.as_ref())?;
             Ok(Admission::new(slf.clone().unbind(), args))
         })
@@ -322,9 +446,10 @@ impl PyAdmissionGate {
     /// gate's `queue_timeout_s`); raises `RuntimeError` at once on a thread running an event
     /// loop.
     #[pyo3(
-        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None, deadline_s=None),
-        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None)"
+        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None, deadline_s=None, priority=None),
+        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None, priority=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn admit_sync(
         slf: &Bound<'_, Self>,
         session_id: Option<Bound<'_, PyAny>>,
@@ -332,6 +457,7 @@ impl PyAdmissionGate {
         timeout: Option<Bound<'_, PyAny>>,
         on_queued: Option<Bound<'_, PyAny>>,
         deadline_s: Option<Bound<'_, PyAny>>,
+        priority: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
             let timeout = match &timeout {
@@ -345,6 +471,7 @@ impl PyAdmissionGate {
                 transport,
                 on_queued,
                 timeout,
+                priority,
             )?;
             args.deadline = slf.get().caller_deadline(deadline_s.as_ref())?;
             Ok(Admission::new(slf.clone().unbind(), args))
@@ -366,7 +493,11 @@ impl PyAdmissionGate {
         overflow_policy=Arg(None),
         max_concurrent_runs_per_scope=Arg(None),
         max_rss_mb=Arg(None),
-        queue_timeout_s=Arg(None)
+        queue_timeout_s=Arg(None),
+        priorities=None,
+        default_priority=None,
+        fairness=None,
+        tenant_weights=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn reconfigure(
@@ -378,9 +509,20 @@ impl PyAdmissionGate {
         max_concurrent_runs_per_scope: Arg,
         max_rss_mb: Arg,
         queue_timeout_s: Arg,
+        priorities: Option<Bound<'_, PyAny>>,
+        default_priority: Option<Bound<'_, PyAny>>,
+        fairness: Option<Bound<'_, PyAny>>,
+        tenant_weights: Option<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let this = slf.get();
         guard(|| {
+            let order = this.reordered(
+                py,
+                priorities.as_ref(),
+                default_priority.as_ref(),
+                fairness.as_ref(),
+                tenant_weights.as_ref(),
+            )?;
             // Validate everything first: a bad value changes nothing.
             let current = this.core.limits();
             let count = |arg: &Arg, name: &'static str, old: u32| -> PyResult<u32> {
@@ -434,6 +576,13 @@ impl PyAdmissionGate {
             }
             if let Some(max_rss) = max_rss {
                 this.resources.set_max_rss_mb(py, max_rss)?;
+            }
+            if let Some(order) = order {
+                this.classes.update(&order);
+                this.core
+                    .set_order(order)
+                    .map_err(|err| PyValueError::new_err(err.to_string()))?
+                    .run();
             }
             this.set_queue_timeout(timeout);
             this.max_runs
@@ -679,7 +828,7 @@ impl PyAdmissionGate {
     /// A snapshot of the counters, with the reference's keys (plus `cancelled`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         guard(|| {
-            let s = self.core.stats(now);
+            let (s, classes) = self.core.stats_and_classes(now);
             let limits = self.core.limits();
             let max_rss_mb = self.resources.max_rss_mb(py);
             let d = PyDict::new(py);
@@ -695,6 +844,9 @@ impl PyAdmissionGate {
             d.set_item("max_rss_mb", max_rss_mb)?;
             d.set_item("cancelled", s.cancelled)?;
             d.set_item("limit", s.limit)?;
+            if self.classes.classed() {
+                d.set_item("classes", priorities::classes_dict(py, &classes)?)?;
+            }
             if let Some(fleet) = &self.fleet {
                 let fleet_stats = fleet.get().fleet_stats(py)?;
                 set_gate_fleet_keys(&d, &fleet_stats)?;

@@ -24,7 +24,6 @@ use super::awaitable::thrown;
 use super::awaitables::Wait;
 use super::errors::guard;
 use super::fleet::{lease_future, FleetRuntime, Interrupt, LeaseTimer, PyFleetLease, PyFleetLimit};
-use super::rejection::rejection;
 use super::runtime::{now, running_loop};
 use admitgate_core::Rejection;
 
@@ -192,7 +191,7 @@ impl LeaseWait {
         let admission = self.admission.bind(py);
         if let Some(reason) = self.interrupt.reason() {
             let retry = Admission::lease_refused(admission, reason);
-            return rejection(py, reason, retry);
+            return admission.get().refusal(py, reason, retry);
         }
         Admission::lease_cancelled(admission);
         thrown.unwrap_or_else(|| {

@@ -31,6 +31,7 @@ mod lease_wait;
 mod policy;
 mod pressure_check;
 mod pressure_watch;
+mod priorities;
 mod rejection;
 mod resources;
 mod runtime;

@@ -49,11 +49,22 @@ pub fn _set_rejection_class(py: Python<'_>, cls: Option<Bound<'_, PyType>>) -> P
 
 /// The exception for a turn refused for `reason`, carrying the retry hint in seconds.
 pub fn rejection(py: Python<'_>, reason: Rejection, retry_after: Option<Duration>) -> PyErr {
+    rejection_in(py, reason, retry_after, None)
+}
+
+/// [`rejection`] for a turn of the priority class `priority` (`AdmissionRejected.priority`).
+pub fn rejection_in(
+    py: Python<'_>,
+    reason: Rejection,
+    retry_after: Option<Duration>,
+    priority: Option<&str>,
+) -> PyErr {
     let build = || -> PyResult<PyErr> {
         let cls = _rejection_class(py)?;
         let exc = cls.bind(py).call0()?;
         exc.setattr("reason", reason.as_str())?;
         exc.setattr("retry_after", retry_after.map(|d| d.as_secs_f64()))?;
+        exc.setattr("priority", priority)?;
         Ok(PyErr::from_value(exc))
     };
     build().unwrap_or_else(|err| err)

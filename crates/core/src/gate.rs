@@ -13,14 +13,12 @@
 //! Slots are counted, not held as permits: `in_flight` is the number of turns holding a slot
 //! (including turns granted a slot whose owner has not yet woken up to claim it). A slot is
 //! free when `in_flight` is below the ceiling and, for a scoped turn, its scope's count is
-//! below the per-scope limit. Freed slots go to the oldest *eligible* waiter: the `ready`
-//! index holds, for each lane (one per scope, one for unscoped turns) that is below its
-//! limit and not empty, the arrival number of its head, so the next waiter to run is the
-//! first entry of that index. A tenant at its sub-limit is skipped, not dropped, and a
-//! newcomer never overtakes an eligible waiter. Under a discipline that serves newest first
-//! (the adaptive queue), `ready_newest` files each eligible lane by its *newest* waiter
-//! instead, so the newest eligible waiter is its last entry: found in O(log lanes), where
-//! walking back from the newest waiter passed every waiter of every tenant at its limit.
+//! below the per-scope limit (and its priority class is below its cap). Which waiter a freed
+//! slot goes to, and which one a full queue sheds, is the [`crate::queue`]'s decision: FIFO
+//! for a gate without classes (the oldest *eligible* waiter: a tenant at its sub-limit is
+//! skipped, not dropped), classes with guaranteed and capped shares, fair queuing across
+//! tenants, the adaptive discipline's newest-first rule; each grant in O(log tenants). A
+//! newcomer never overtakes a waiter that could take a free slot.
 //!
 //! Memory pressure: the last resource decision is remembered. Under soft or hard pressure
 //! a release hands its slot to a waiter (concurrency stays level) but the free slots that
@@ -49,7 +47,6 @@
 //! came) or [`revoke`](GateState::revoke)s it (the lease was refused, or the caller gave up):
 //! its slot is handed on and it counts as rejected or cancelled, as the caller experienced.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,10 +55,12 @@ use super::count::{decrement, difference, increment};
 use super::histogram::{Histogram, HistogramSnapshot};
 use super::passthrough::{PassEnd, PassThroughTurns, PassTicket};
 use super::policy::{ConcurrencyLimit, Decision, Facts, Overflow};
+use super::queue::waiters::{WaiterKey, WaiterState};
+use super::queue::{ClassId, ClassStats, Order, Outcome, PriorityError, Queue};
 use super::retry::{ReleaseRate, MEMORY_PRESSURE_RETRY};
 use super::sync::Mutex;
-use super::waiters::{Lane, WaitQueue, WaiterKey, WaiterState};
 use crate::overload::QueueMode;
+pub use crate::rejection::Rejection;
 
 mod overload;
 pub use overload::TurnEnd;
@@ -131,64 +130,6 @@ impl<W> Wakes<W> {
     /// Whether nobody will be woken.
     pub fn is_empty(&self) -> bool {
         self.wake.is_empty()
-    }
-}
-
-/// Why a turn was refused. One table maps each reason to its HTTP and gRPC status
-/// (`admitgate.REJECTION_REASONS` in Python, and the README).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
-    /// The queue it would join was full and the overflow policy rejects (or `shed_oldest`
-    /// found nobody to evict).
-    QueueFull,
-    /// Evicted from the queue by a newer turn under `shed_oldest` (counted in `shed`).
-    Shed,
-    /// A user-supplied policy said reject.
-    Policy,
-    /// Resident memory is at or above the hard threshold.
-    MemoryPressure,
-    /// The gate is closing (drained).
-    Closing,
-    /// It waited longer than the queue timeout.
-    Timeout,
-    /// The fleet-wide limit's backend is unreachable and the gate refuses rather than admit
-    /// against its local ceiling alone.
-    FleetUnavailable,
-    /// Its caller's deadline passed while it waited, or less of it was left than a turn
-    /// typically takes: its caller would have left before it finished.
-    Deadline,
-}
-
-impl Rejection {
-    /// Every reason, in the order per-reason counters are kept.
-    pub const ALL: [Rejection; 8] = [
-        Rejection::QueueFull,
-        Rejection::Shed,
-        Rejection::Policy,
-        Rejection::MemoryPressure,
-        Rejection::Closing,
-        Rejection::Timeout,
-        Rejection::FleetUnavailable,
-        Rejection::Deadline,
-    ];
-
-    /// A stable name for logs, metrics and `AdmissionRejected.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rejection::QueueFull => "queue_full",
-            Rejection::Shed => "shed",
-            Rejection::Policy => "policy",
-            Rejection::MemoryPressure => "memory_pressure",
-            Rejection::Closing => "closing",
-            Rejection::Timeout => "timeout",
-            Rejection::FleetUnavailable => "fleet_unavailable",
-            Rejection::Deadline => "deadline",
-        }
-    }
-
-    /// This reason's position in [`Rejection::ALL`].
-    pub fn index(self) -> usize {
-        self as usize
     }
 }
 
@@ -273,25 +214,6 @@ pub struct Stats {
     pub limit: u64,
 }
 
-#[derive(Debug, Default)]
-struct ScopeState {
-    in_flight: u64,
-    lane: Lane,
-    /// Waiters of this lane queued by soft memory pressure alone (outside `queue_depth`).
-    outside_depth: u64,
-    /// This lane's key in `ready`, if it is there.
-    ready: Option<u64>,
-    /// This lane's key in `ready_newest`, if it is there.
-    newest: Option<u64>,
-}
-
-impl ScopeState {
-    /// Whether the lane may take another slot under `limits` (`scoped`: a tenant's lane).
-    fn below_limit(&self, limits: &ConcurrencyLimit, scoped: bool) -> bool {
-        !scoped || limits.max_per_scope == 0 || self.in_flight < u64::from(limits.max_per_scope)
-    }
-}
-
 /// The caller's clock, read at most once, and only if asked.
 struct LazyClock<F> {
     read: Option<F>,
@@ -308,9 +230,6 @@ impl<F: FnOnce() -> Duration> LazyClock<F> {
         value
     }
 }
-
-/// [`GateState::unlink_waiter`] found no waiting record to unlink, and changed nothing.
-struct NotWaiting;
 
 /// The admission state machine, without a lock. See the module documentation.
 #[derive(Debug)]
@@ -330,8 +249,6 @@ pub struct GateState<W> {
     cancelled: u64,
     granted_unclaimed: u64,
     peak_in_flight: u64,
-    /// Waiters queued by soft memory pressure alone, outside `queue_depth` (see `arrive`).
-    outside_depth: u64,
     /// The gate is closing (drained): every newcomer is refused.
     closing: bool,
     /// Grants count as admitted only once confirmed (see the module documentation).
@@ -345,49 +262,8 @@ pub struct GateState<W> {
     release_rate: ReleaseRate,
     /// How long turns that queued waited before they were admitted.
     queue_wait: Histogram,
-    /// Keyed with foldhash: several lookups per scoped turn make SipHash a third of its
-    /// cost; foldhash is seeded per process, so tenants cannot choose colliding ids.
-    scopes: HashMap<Arc<str>, ScopeState, foldhash::fast::RandomState>,
-    unscoped: ScopeState,
-    queue: WaitQueue<W>,
-    /// Arrival number of each eligible lane's head -> that waiter's record.
-    ready: BTreeMap<u64, u32>,
-    /// Arrival number of each eligible lane's newest waiter -> its record, kept only under
-    /// a discipline that serves newest first (`tracks_newest`): its last entry is the
-    /// newest waiter that may take a slot, found in O(log lanes) instead of by walking
-    /// back past every waiter of a tenant at its limit.
-    ready_newest: BTreeMap<u64, u32>,
-    /// Whether `ready_newest` is kept.
-    tracks_newest: bool,
-}
-
-/// Files a lane under `wanted` (arrival number, record) in `index`, where `filed` says it
-/// is now, if that changed.
-fn refile(index: &mut BTreeMap<u64, u32>, filed: &mut Option<u64>, wanted: Option<(u64, u32)>) {
-    if *filed != wanted.map(|(seq, _)| seq) {
-        if let Some(seq) = *filed {
-            index.remove(&seq);
-        }
-        if let Some((seq, record)) = wanted {
-            index.insert(seq, record);
-        }
-        *filed = wanted.map(|(seq, _)| seq);
-    }
-}
-
-/// The state of `scope`'s lane; `None` for a scope that is not tracked (a scope's state
-/// exists while any turn of it runs or waits, so callers that name one always find it).
-fn lane_state<'a>(
-    scopes: &'a mut HashMap<Arc<str>, ScopeState, foldhash::fast::RandomState>,
-    unscoped: &'a mut ScopeState,
-    scope: Option<&str>,
-) -> Option<&'a mut ScopeState> {
-    let state = match scope {
-        None => Some(unscoped),
-        Some(name) => scopes.get_mut(name),
-    };
-    debug_assert!(state.is_some(), "no state for scope {scope:?}");
-    state
+    /// The waiters, their tenants and classes, and the order they are served in.
+    queue: Queue<W>,
 }
 
 impl<W> GateState<W> {
@@ -406,19 +282,13 @@ impl<W> GateState<W> {
             cancelled: 0,
             granted_unclaimed: 0,
             peak_in_flight: 0,
-            outside_depth: 0,
             closing: false,
             deferred: false,
             unconfirmed: 0,
             slots_freed: 0,
             release_rate: ReleaseRate::default(),
             queue_wait: Histogram::default(),
-            scopes: HashMap::default(),
-            unscoped: ScopeState::default(),
-            queue: WaitQueue::default(),
-            ready: BTreeMap::new(),
-            ready_newest: BTreeMap::new(),
-            tracks_newest: false,
+            queue: Queue::new(limits.max_per_scope, limits.max_concurrent_runs),
         }
     }
 
@@ -427,9 +297,54 @@ impl<W> GateState<W> {
         &self.limits
     }
 
-    /// Whether the scope limit applies to `scope`.
+    /// Sets the queue's order: priority classes, fair queuing across tenants, weights. The
+    /// classes' names and order are fixed once any turn has arrived (their counts are kept
+    /// per class); shares, the default class and fairness may change at any time.
+    pub fn set_order(&mut self, order: Order, wakes: &mut Wakes<W>) -> Result<(), PriorityError> {
+        let used = self.in_flight > 0
+            || !self.queue.is_empty()
+            || self.admitted > 0
+            || self.rejected > 0
+            || self.cancelled > 0;
+        if used && !order.priorities.same_names(&self.queue.order().priorities) {
+            return Err(PriorityError::Renamed);
+        }
+        self.queue.set_order(order);
+        self.dispatch(0, wakes);
+        Ok(())
+    }
+
+    /// The queue's order in force.
+    pub fn order(&self) -> &Order {
+        self.queue.order()
+    }
+
+    /// Counts `outcome` for class `class` and in the totals.
+    fn tally(&mut self, class: usize, outcome: Outcome) {
+        increment(match outcome {
+            Outcome::Admitted => &mut self.admitted,
+            Outcome::Rejected => &mut self.rejected,
+            Outcome::Shed => &mut self.shed,
+            Outcome::Cancelled => &mut self.cancelled,
+        });
+        self.queue.count(class, outcome);
+    }
+
+    /// Takes back a count of `outcome` (a refusal its owner never saw: a cancellation).
+    fn untally(&mut self, class: usize, outcome: Outcome) {
+        let total = match outcome {
+            Outcome::Admitted => &mut self.admitted,
+            Outcome::Rejected => &mut self.rejected,
+            Outcome::Shed => &mut self.shed,
+            Outcome::Cancelled => &mut self.cancelled,
+        };
+        decrement(total, outcome_name(outcome));
+        self.queue.uncount(class, outcome);
+    }
+
+    /// Whether the scope limit (or fair queuing) tracks `scope`.
     fn tracked<'s>(&self, scope: Option<&'s str>) -> Option<&'s str> {
-        scope.filter(|s| !s.is_empty() && self.limits.max_per_scope > 0)
+        scope.filter(|s| !s.is_empty() && (self.limits.max_per_scope > 0 || self.queue.fair()))
     }
 
     fn global_slot_free(&self) -> bool {
@@ -442,29 +357,6 @@ impl<W> GateState<W> {
             0 => u64::MAX,
             max => u64::from(max).saturating_sub(self.in_flight),
         }
-    }
-
-    /// Takes a waiting record off its lists, settling it as `state`, and returns its scope.
-    /// The caller refreshes the lane (after counting any slot, so the scope is not forgotten
-    /// in between). Changes nothing when `index` holds no waiting record or its lane's state
-    /// is missing (neither happens while the invariants hold).
-    fn unlink_waiter(
-        &mut self,
-        index: u32,
-        state: WaiterState,
-    ) -> Result<Option<Arc<str>>, NotWaiting> {
-        let scope = self.queue.get(index).ok_or(NotWaiting)?.scope.clone();
-        let lane =
-            lane_state(&mut self.scopes, &mut self.unscoped, scope.as_deref()).ok_or(NotWaiting)?;
-        let record = self
-            .queue
-            .unlink(index, &mut lane.lane, state)
-            .ok_or(NotWaiting)?;
-        if std::mem::take(&mut record.outside_depth) {
-            decrement(&mut lane.outside_depth, "a lane's outside-depth waiters");
-            decrement(&mut self.outside_depth, "outside-depth waiters");
-        }
-        Ok(scope)
     }
 
     /// How long a caller refused now should wait, from the recent release rate, for
@@ -483,86 +375,27 @@ impl<W> GateState<W> {
         }
     }
 
-    /// The scope's key, creating its state if needed.
-    fn scope_entry(&mut self, name: &str) -> Arc<str> {
-        if let Some((key, _)) = self.scopes.get_key_value(name) {
-            return key.clone();
-        }
-        let key: Arc<str> = Arc::from(name);
-        self.scopes.insert(key.clone(), ScopeState::default());
-        key
-    }
-
-    /// Puts a lane's head in `ready` if the lane is eligible, takes it out otherwise, and
-    /// forgets the scope once nothing of it runs or waits.
-    fn refresh_lane(&mut self, scope: Option<&str>) {
-        let scoped = scope.is_some();
-        let state = match scope {
-            None => &mut self.unscoped,
-            Some(name) => match self.scopes.get_mut(name) {
-                Some(state) => state,
-                None => return,
-            },
-        };
-        let eligible = state.below_limit(&self.limits, scoped);
-        let filed = |index: Option<u32>| {
-            index
-                .filter(|_| eligible)
-                .and_then(|index| Some((self.queue.get(index)?.seq, index)))
-        };
-        let wanted = filed(self.queue.lane_head(&state.lane));
-        refile(&mut self.ready, &mut state.ready, wanted);
-        if self.tracks_newest {
-            let newest = filed(self.queue.lane_tail(&state.lane));
-            refile(&mut self.ready_newest, &mut state.newest, newest);
-        }
-        if let Some(name) = scope {
-            if state.in_flight == 0 && state.lane.is_empty() {
-                debug_assert!(state.ready.is_none() && state.newest.is_none());
-                self.scopes.remove(name);
-            }
-        }
-    }
-
-    /// Refiles every lane (what makes a lane eligible, or which indexes are kept, changed).
-    fn refresh_all_lanes(&mut self) {
-        let scopes: Vec<Arc<str>> = self.scopes.keys().cloned().collect();
-        for scope in scopes {
-            self.refresh_lane(Some(&scope));
-        }
-        self.refresh_lane(None);
-    }
-
-    /// Counts a slot taken by a turn of `scope` (whose state must exist).
-    fn take_slot(&mut self, scope: Option<&str>) {
+    /// Counts a slot taken (the queue has counted it for the tenant and class).
+    fn count_slot(&mut self) {
         increment(&mut self.in_flight);
         self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
-        if scope.is_some() {
-            if let Some(state) = lane_state(&mut self.scopes, &mut self.unscoped, scope) {
-                increment(&mut state.in_flight);
-            }
-            self.refresh_lane(scope);
-        }
     }
 
-    fn give_slot(&mut self, scope: Option<&str>) {
+    fn give_slot(&mut self, scope: Option<&str>, class: usize) {
         decrement(&mut self.in_flight, "in_flight (a slot returned twice)");
-        if let Some(name) = scope {
-            if let Some(state) = self.scopes.get_mut(name) {
-                decrement(&mut state.in_flight, "a scope's in_flight (returned twice)");
-            }
-            self.refresh_lane(scope);
-        }
+        self.queue.give_slot(scope, class);
     }
 
-    /// Hands free slots to the oldest eligible waiters. Under memory pressure only `freed`
-    /// slots are handed on (plus one when nothing runs), so concurrency does not grow.
+    /// Hands free slots to the waiters the queue names next (see [`crate::queue`]). Under
+    /// memory pressure only `freed` slots are handed on (plus one when nothing runs), so
+    /// concurrency does not grow.
     fn dispatch(&mut self, freed: u32, wakes: &mut Wakes<W>) {
+        self.queue.follow_ceiling(self.ceiling);
         let mut budget = freed;
         // Overload control may refuse waiters that waited too long, and serve the newest
         // first, while a queue stands (`QueueMode::Fifo` without it).
         let newest_first = self.overload.is_some()
-            && !self.ready.is_empty()
+            && self.queue.dispatchable()
             && self.global_slot_free()
             && matches!(
                 self.serve_mode(wakes),
@@ -581,13 +414,10 @@ impl<W> GateState<W> {
                     break;
                 }
             }
-            let Some((&seq, &oldest)) = self.ready.first_key_value() else {
+            // A waiter the queue names but cannot grant would be a stale index (never while
+            // the invariants hold): stopping keeps the loop finite.
+            let Some(index) = self.queue.next(newest_first) else {
                 break;
-            };
-            let index = if newest_first {
-                self.newest_eligible().unwrap_or(oldest)
-            } else {
-                oldest
             };
             if self.waiter_misses_deadline(index)
                 && self.refuse_waiter(index, Rejection::Deadline, wakes)
@@ -596,29 +426,22 @@ impl<W> GateState<W> {
                 continue;
             }
             if !self.grant(index, wakes) {
-                // A stale entry (never while the invariants hold): dropping it keeps the loop
-                // finite, and the lane's next refresh files its head again.
-                self.ready.remove(&seq);
+                break;
             }
         }
     }
 
     /// Hands a slot to the waiter at `index`; `false`, changing nothing, if none waits there.
     fn grant(&mut self, index: u32, wakes: &mut Wakes<W>) -> bool {
-        let enqueued_at = self.queue.get(index).map(|record| record.enqueued_at);
-        let Ok(scope) = self.unlink_waiter(index, WaiterState::Granted) else {
+        let Some(granted) = self.queue.grant(index) else {
             return false;
         };
-        if let Some(enqueued_at) = enqueued_at {
-            self.on_dequeue(enqueued_at);
-        }
+        self.on_dequeue(granted.enqueued_at);
         increment(&mut self.granted_unclaimed);
         if self.deferred {
             increment(&mut self.unconfirmed);
         }
-        // Count the slot before refreshing, so the scope is not forgotten in between.
-        self.take_slot(scope.as_deref());
-        self.refresh_lane(scope.as_deref());
+        self.count_slot();
         self.wake(index, wakes);
         true
     }
@@ -630,61 +453,37 @@ impl<W> GateState<W> {
         }
     }
 
-    /// Evicts the oldest waiter of `scope`'s lane (or of the whole queue when `None`). For
-    /// an overflowing newcomer (`in_depth_only`), only a waiter that counts against the depth:
-    /// a turn held back only by soft memory pressure is not part of the queue it overflows
-    /// (there are at most as many of those to skip as free slots).
-    fn evict_oldest(
-        &mut self,
-        scope: Option<&str>,
-        in_depth_only: bool,
-        wakes: &mut Wakes<W>,
-    ) -> bool {
-        let in_depth = |&index: &u32| {
-            !in_depth_only || self.queue.get(index).is_some_and(|r| !r.outside_depth)
-        };
-        let victim = match scope {
-            None => self.queue.iter_all().find(in_depth),
-            Some(name) => self
-                .scopes
-                .get(name)
-                .and_then(|state| self.queue.iter_lane(&state.lane).find(in_depth)),
-        };
-        let Some(index) = victim else {
-            return false;
-        };
-        let Ok(victim_scope) = self.unlink_waiter(index, WaiterState::Refused(Rejection::Shed))
+    /// Evicts the waiter at `index` (counted in `shed`); `false` if it no longer waited.
+    fn shed_waiter(&mut self, index: u32, wakes: &mut Wakes<W>) -> bool {
+        let Some((_, class)) = self
+            .queue
+            .remove(index, WaiterState::Refused(Rejection::Shed))
         else {
             return false;
         };
-        self.refresh_lane(victim_scope.as_deref());
         // Counted as shed now; moved to `cancelled` if its owner is cancelled before it
         // sees the eviction (see `cancel`), so the counters say what callers experienced.
-        increment(&mut self.shed);
+        self.tally(class, Outcome::Shed);
         self.wake(index, wakes);
         true
     }
 
     /// The facts a concurrency policy decides from, for a turn of `scope`.
     pub fn facts(&self, scope: Option<&str>) -> Facts {
-        let scope_state = self.tracked(scope).and_then(|name| self.scopes.get(name));
         // Waiters held back only by soft memory pressure would be running without it: the
         // depth, and any policy, see the queue without them.
+        let (scope_in_flight, scope_queued) = self
+            .tracked(scope)
+            .map_or((0, 0), |name| self.queue.scope_counts(Some(name)));
         Facts {
             in_flight: self.in_flight,
             queued: difference(
                 self.queue.len(),
-                self.outside_depth,
+                self.queue.outside_depth(),
                 "outside-depth waiters",
             ),
-            scope_in_flight: scope_state.map_or(0, |s| s.in_flight),
-            scope_queued: scope_state.map_or(0, |s| {
-                difference(
-                    s.lane.len(),
-                    s.outside_depth,
-                    "a lane's outside-depth waiters",
-                )
-            }),
+            scope_in_flight,
+            scope_queued,
         }
     }
 
@@ -707,12 +506,7 @@ impl<W> GateState<W> {
         self.arrive_by(scope, decided, resource, None, now, wakes)
     }
 
-    /// [`GateState::arrive`] for a turn whose caller waits until `deadline` (on the same
-    /// clock as `now`) at most. A turn that would run at once always does; one that would
-    /// queue is refused with [`Rejection::Deadline`] when its deadline has passed or less
-    /// of it is left than the expected service time (its caller would leave before it
-    /// finished, so no slot should go to it). While it waits, the caller refuses it at
-    /// [`GateState::deadline_timer`] with [`GateState::expire_for`].
+    /// [`GateState::arrive_as`] in the default class.
     pub fn arrive_by(
         &mut self,
         scope: Option<&str>,
@@ -722,13 +516,41 @@ impl<W> GateState<W> {
         now: impl FnOnce() -> Duration,
         wakes: &mut Wakes<W>,
     ) -> Arrival {
+        let turn = Entrant {
+            scope,
+            class: ClassId::DEFAULT,
+            deadline,
+        };
+        self.arrive_as(turn, decided, resource, now, wakes)
+    }
+
+    /// [`GateState::arrive`] for a turn of a class whose caller waits until a deadline (on
+    /// the same clock as `now`) at most. A turn that would run at once always does; one that
+    /// would queue is refused with [`Rejection::Deadline`] when its deadline has passed or
+    /// less of it is left than the expected service time (its caller would leave before it
+    /// finished, so no slot should go to it). While it waits, the caller refuses it at
+    /// [`GateState::deadline_timer`] with [`GateState::expire_for`].
+    ///
+    /// A class at its cap queues its turns even while slots are free. When the queue is
+    /// full, the least important class below the turn's with a waiter loses its oldest one
+    /// rather than the turn being refused, whatever the overflow policy; only when none
+    /// waits does the overflow policy apply, within the turn's class.
+    pub fn arrive_as(
+        &mut self,
+        turn: Entrant<'_>,
+        decided: Option<Decision>,
+        resource: Decision,
+        now: impl FnOnce() -> Duration,
+        wakes: &mut Wakes<W>,
+    ) -> Arrival {
         let mut clock = LazyClock {
             read: Some(now),
             value: None,
         };
-        let scope = self.tracked(scope);
+        let scope = self.tracked(turn.scope);
+        let class = self.queue.class(turn.class);
         if self.closing {
-            increment(&mut self.rejected);
+            self.tally(class, Outcome::Rejected);
             return Arrival::Rejected(Rejection::Closing, None);
         }
         self.pressure = self.effective_pressure(resource);
@@ -736,12 +558,37 @@ impl<W> GateState<W> {
             // Pressure may just have eased: waiters take the free slots before the newcomer.
             self.dispatch(0, wakes);
         }
+        self.queue.follow_ceiling(self.ceiling);
         let facts = self.facts(scope);
+        let class_full = self.queue.class_full(class);
         let ceiling = ConcurrencyLimit {
             max_concurrent_runs: self.ceiling,
             ..self.limits
         };
-        let concurrency = decided.unwrap_or_else(|| ceiling.decide(&facts, scope.is_some()));
+        // A class at its cap meets the queue as a turn meets a gate at its ceiling.
+        let seen = Facts {
+            in_flight: if class_full {
+                facts.in_flight.max(u64::from(self.ceiling))
+            } else {
+                facts.in_flight
+            },
+            ..facts
+        };
+        let mut concurrency = decided.unwrap_or_else(|| ceiling.decide(&seen, scope.is_some()));
+        let scope_blocked = self.limits.scope_blocked(scope.is_some(), &facts);
+        // The queue this turn joins: its tenant's own when the tenant is at its limit.
+        let (joined, waiting) = if scope_blocked {
+            (scope, facts.scope_queued)
+        } else {
+            (None, facts.queued)
+        };
+        // A full queue refuses nobody while a less important class waits: it sheds instead.
+        let sheds_lower = decided.is_none()
+            && concurrency == Decision::Reject
+            && self.queue.victim(class, joined, false).is_some();
+        if sheds_lower {
+            concurrency = Decision::Queue;
+        }
         let decision = concurrency.escalate(self.pressure);
         if decision == Decision::Reject {
             let refusal = if concurrency != Decision::Reject {
@@ -749,43 +596,40 @@ impl<W> GateState<W> {
             } else if decided.is_some() {
                 Arrival::Rejected(Rejection::Policy, None)
             } else {
-                let ahead = if self.limits.scope_blocked(scope.is_some(), &facts) {
-                    facts.scope_queued
-                } else {
-                    facts.queued
-                };
                 Arrival::Rejected(
                     Rejection::QueueFull,
-                    Some(self.retry_hint(ahead, clock.read())),
+                    Some(self.retry_hint(waiting, clock.read())),
                 )
             };
             // Counted after the caller's clock is read: should that panic, nothing is.
-            increment(&mut self.rejected);
+            self.tally(class, Outcome::Rejected);
             return refusal;
         }
 
-        let scope_blocked = self.limits.scope_blocked(scope.is_some(), &facts);
         // Waiters granted a slot but not yet running start first, so a newcomer queues
         // behind them (it is granted at once below if a slot is free): bodies start in
         // arrival order on a loop, which keeps one tenant's turns in order.
         let runs_now = self.global_slot_free()
             && !scope_blocked
-            && self.ready.is_empty()
+            && !class_full
+            && !self.queue.dispatchable()
             && self.granted_unclaimed == 0
             && (self.pressure == Decision::Admit || self.in_flight == 0);
         if runs_now {
-            let key = scope.map(|name| self.scope_entry(name));
-            self.take_slot(key.as_deref());
+            let key = scope.map(|name| self.queue.scope_key(name));
+            self.queue.admit(key.as_deref(), class);
+            self.count_slot();
             if self.deferred {
                 increment(&mut self.unconfirmed);
             } else {
-                increment(&mut self.admitted);
+                self.tally(class, Outcome::Admitted);
             }
             return Arrival::Admitted(key);
         }
-        if let Some(deadline) = deadline {
+        if let Some(deadline) = turn.deadline {
             if self.misses_deadline(deadline, clock.read()) {
                 self.refuse_for_deadline();
+                self.queue.count(class, Outcome::Rejected);
                 return Arrival::Rejected(Rejection::Deadline, None);
             }
         }
@@ -796,23 +640,22 @@ impl<W> GateState<W> {
         let outside_depth = self.pressure == Decision::Queue
             && concurrency == Decision::Admit
             && !scope_blocked
-            && self.outside_depth < self.free_slots();
-        if decision == Decision::Queue && !outside_depth {
-            // The queue this turn joins: its tenant's own when the tenant is at its limit.
-            let (joined, waiting) = if scope_blocked {
-                (scope, facts.scope_queued)
-            } else {
-                (None, facts.queued)
-            };
-            if waiting >= u64::from(self.limits.queue_depth) {
-                let evicts = self.limits.overflow == Overflow::ShedOldest;
-                // A policy that said QUEUE at a full queue chose to wait beyond the depth;
-                // a turn queued by memory pressure meets the overflow policy instead.
-                let refuses =
-                    concurrency == Decision::Admit && self.limits.overflow == Overflow::Reject;
-                if (evicts && !self.evict_oldest(joined, true, wakes)) || refuses {
+            && !class_full
+            && self.queue.outside_depth() < self.free_slots();
+        if decision == Decision::Queue
+            && !outside_depth
+            && waiting >= u64::from(self.limits.queue_depth)
+        {
+            let evicts = self.limits.overflow == Overflow::ShedOldest;
+            // A policy that said QUEUE at a full queue chose to wait beyond the depth;
+            // a turn queued by memory pressure meets the overflow policy instead.
+            let refuses =
+                concurrency == Decision::Admit && self.limits.overflow == Overflow::Reject;
+            if evicts || refuses || sheds_lower {
+                let victim = self.queue.victim(class, joined, evicts);
+                if !victim.is_some_and(|index| self.shed_waiter(index, wakes)) {
                     let retry = self.retry_hint(waiting, clock.read());
-                    increment(&mut self.rejected);
+                    self.tally(class, Outcome::Rejected);
                     return Arrival::Rejected(Rejection::QueueFull, Some(retry));
                 }
             }
@@ -821,23 +664,10 @@ impl<W> GateState<W> {
         let now = clock.read();
         self.release_rate.observe(now, self.slots_freed);
         self.on_enqueue(now);
-        let key = scope.map(|name| self.scope_entry(name));
-        let lane = lane_state(&mut self.scopes, &mut self.unscoped, key.as_deref());
-        let waiter = lane.and_then(|lane| {
-            let waiter = self
-                .queue
-                .push(&mut lane.lane, key.clone(), now, outside_depth)?;
-            if outside_depth {
-                increment(&mut lane.outside_depth);
-                increment(&mut self.outside_depth);
-            }
-            Some(waiter)
-        });
-        // Files the new waiter, or forgets a scope entered for a turn that could not queue.
-        self.refresh_lane(key.as_deref());
-        let Some(waiter) = waiter else {
+        let key = scope.map(|name| self.queue.scope_key(name));
+        let Some(waiter) = self.queue.push(key, class, now, outside_depth) else {
             // The slab is full (2^32 - 1 records): the queue is, whatever its depth says.
-            increment(&mut self.rejected);
+            self.tally(class, Outcome::Rejected);
             let retry = self.retry_hint(self.queue.len(), now);
             return Arrival::Rejected(Rejection::QueueFull, Some(retry));
         };
@@ -868,6 +698,7 @@ impl<W> GateState<W> {
         let Some((index, record)) = self.queue.lookup(key) else {
             return Claim::Unknown;
         };
+        let class = usize::from(record.class);
         let outcome = match record.state {
             WaiterState::Waiting => return Claim::Waiting,
             WaiterState::Granted => {
@@ -878,7 +709,7 @@ impl<W> GateState<W> {
                 self.saw_time(now);
                 self.release_rate.observe(now, self.slots_freed);
                 if !self.deferred {
-                    increment(&mut self.admitted);
+                    self.tally(class, Outcome::Admitted);
                 }
                 decrement(&mut self.granted_unclaimed, "granted_unclaimed");
                 Claim::Admitted(scope)
@@ -904,18 +735,19 @@ impl<W> GateState<W> {
             return Cancelled::Unknown;
         };
         let scope = record.scope.clone();
+        let class = usize::from(record.class);
         let outcome = match record.state {
             WaiterState::Waiting => {
                 // Marked refused only to take it off the lists; it is freed just below. A
                 // record that cannot be unlinked must not be freed (the lists would point at
                 // a free slot): it is left alone, as if unknown.
                 if self
-                    .unlink_waiter(index, WaiterState::Refused(Rejection::Shed))
-                    .is_err()
+                    .queue
+                    .remove(index, WaiterState::Refused(Rejection::Shed))
+                    .is_none()
                 {
                     return Cancelled::Unknown;
                 }
-                self.refresh_lane(scope.as_deref());
                 Cancelled::Withdrawn
             }
             WaiterState::Granted => {
@@ -928,19 +760,20 @@ impl<W> GateState<W> {
             WaiterState::Refused(reason) => {
                 // Its owner was cancelled before it saw the refusal: what it experienced is a
                 // cancellation.
-                if reason == Rejection::Shed {
-                    decrement(&mut self.shed, "shed");
+                let counted = if reason == Rejection::Shed {
+                    Outcome::Shed
                 } else {
-                    decrement(&mut self.rejected, "rejected");
-                }
+                    Outcome::Rejected
+                };
+                self.untally(class, counted);
                 Cancelled::AlreadyRefused
             }
         };
-        increment(&mut self.cancelled);
+        self.tally(class, Outcome::Cancelled);
         wakes.drop.extend(self.queue.free(index));
         if outcome == Cancelled::ReturnedSlot {
             increment(&mut self.slots_freed);
-            self.give_slot(scope.as_deref());
+            self.give_slot(scope.as_deref(), class);
             self.dispatch(1, wakes);
         }
         outcome
@@ -953,31 +786,35 @@ impl<W> GateState<W> {
     }
 
     /// A turn granted its slot (deferred admission) got what else it needed: it counts as
-    /// admitted now.
-    pub fn confirm(&mut self) {
+    /// admitted now, in its class.
+    pub fn confirm_in(&mut self, class: ClassId) {
         debug_assert!(self.deferred, "confirm without deferred admission");
         decrement(&mut self.unconfirmed, "unconfirmed");
-        increment(&mut self.admitted);
+        let class = self.queue.class(class);
+        self.tally(class, Outcome::Admitted);
     }
 
-    /// A turn granted its slot (deferred admission) will not run: its slot is handed on, and
-    /// it counts as rejected for `reason`, or as cancelled when `None` (its caller gave up).
-    /// Returns the retry hint for a refusal, as a waiter refused for `reason` would get it.
-    pub fn revoke(
+    /// A turn of `class` granted its slot (deferred admission) will not run: its slot is
+    /// handed on, and it counts as rejected for `reason`, or as cancelled when `None` (its
+    /// caller gave up). Returns the retry hint for a refusal, as a waiter refused for
+    /// `reason` would get it.
+    pub fn revoke_in(
         &mut self,
         scope: Option<&str>,
+        class: ClassId,
         reason: Option<Rejection>,
         now: impl FnOnce() -> Duration,
         wakes: &mut Wakes<W>,
     ) -> Option<Duration> {
         debug_assert!(self.deferred, "revoke without deferred admission");
         decrement(&mut self.unconfirmed, "unconfirmed");
+        let class = self.queue.class(class);
         match reason {
-            Some(_) => increment(&mut self.rejected),
-            None => increment(&mut self.cancelled),
+            Some(_) => self.tally(class, Outcome::Rejected),
+            None => self.tally(class, Outcome::Cancelled),
         }
         increment(&mut self.slots_freed);
-        self.give_slot(scope);
+        self.give_slot(scope, class);
         self.dispatch(1, wakes);
         match reason {
             None | Some(Rejection::Closing | Rejection::Deadline) => None,
@@ -988,11 +825,10 @@ impl<W> GateState<W> {
     /// Refuses a waiting turn for `reason` (counted in `rejected`) and wakes it; `false` if
     /// it was no longer waiting (granted, refused or withdrawn first: exactly one wins).
     fn refuse_waiter(&mut self, index: u32, reason: Rejection, wakes: &mut Wakes<W>) -> bool {
-        let Ok(scope) = self.unlink_waiter(index, WaiterState::Refused(reason)) else {
+        let Some((_, class)) = self.queue.remove(index, WaiterState::Refused(reason)) else {
             return false;
         };
-        self.refresh_lane(scope.as_deref());
-        increment(&mut self.rejected);
+        self.tally(class, Outcome::Rejected);
         self.wake(index, wakes);
         true
     }
@@ -1043,10 +879,12 @@ impl<W> GateState<W> {
 
     /// Applies new limits (validated by the caller). Running turns are never cancelled: a
     /// lower ceiling is reached as they end. A higher ceiling starts waiters at once. Each
-    /// lane (each tenant's, and the untenanted one) keeps at most the new depth of waiters
-    /// that count against it; the newest past it are refused with [`Rejection::QueueFull`],
-    /// except under the `queue` overflow policy, which refuses nobody. Returns how many
-    /// waiters were refused.
+    /// tenant's queue (under a per-tenant limit), and the whole queue, keep at most the new
+    /// depth of waiters that count against it; the newest of the least important class past
+    /// it are refused with [`Rejection::QueueFull`], except under the `queue` overflow
+    /// policy, which refuses nobody. (A gate without classes or fair queuing trims the turns
+    /// without a tenant, and each tenant's, as it always did.) Returns how many waiters were
+    /// refused. Classes' shares follow the new ceiling.
     ///
     /// `resource` is the memory-pressure decision under the new configuration (`None`: the
     /// remembered one). Pressure that eased, or memory-aware admission turned off, lets the
@@ -1061,51 +899,37 @@ impl<W> GateState<W> {
         self.ceiling = self.reconfigured_ceiling(limits.max_concurrent_runs);
         // Re-derived under the new ceiling either way: soft pressure with no ceiling admits.
         self.pressure = self.effective_pressure(resource.unwrap_or(self.pressure));
+        // Per-scope limits may have changed which lanes are eligible.
+        self.queue.set_max_per_scope(limits.max_per_scope);
+        self.queue.follow_ceiling(self.ceiling);
         let mut refused = 0;
         if limits.overflow != Overflow::Queue {
             let depth = u64::from(limits.queue_depth);
-            let lanes: Vec<Option<Arc<str>>> = std::iter::once(None)
-                .chain(self.scopes.keys().cloned().map(Some))
-                .collect();
-            for scope in lanes {
-                while let Some(state) = match &scope {
-                    None => Some(&self.unscoped),
-                    Some(name) => self.scopes.get(name),
-                } {
-                    let in_depth = difference(
-                        state.lane.len(),
-                        state.outside_depth,
-                        "a lane's outside-depth waiters",
-                    );
-                    if in_depth <= depth {
-                        break;
-                    }
-                    // The newest waiter that counts against the depth.
-                    let mut victim = self.queue.lane_tail(&state.lane);
-                    while let Some(index) = victim
-                        .filter(|&i| self.queue.get(i).is_some_and(|record| record.outside_depth))
-                    {
-                        victim = self.queue.lane_prev(index);
-                    }
-                    // Stop if it cannot be refused, or this loop would never end.
-                    let Some(index) = victim else { break };
+            for scope in self.queue.scopes() {
+                // Stop if one cannot be refused, or this loop would never end.
+                while let Some(index) = self.queue.trim_scope(scope.as_deref(), depth) {
                     if !self.refuse_waiter(index, Rejection::QueueFull, wakes) {
                         break;
                     }
                     increment(&mut refused);
                 }
             }
+            while let Some(index) = self.queue.trim_all(depth) {
+                if !self.refuse_waiter(index, Rejection::QueueFull, wakes) {
+                    break;
+                }
+                increment(&mut refused);
+            }
         }
-        // Per-scope limits may have changed which lanes are eligible.
-        self.refresh_all_lanes();
         self.dispatch(0, wakes);
         refused
     }
 
     /// How many turns would start before the waiting turn `key` (waiters that arrived
     /// before it, and turns granted a slot that have not started yet); `None` when it is not
-    /// waiting. O(log n) in the queue's length (see [`super::rank`]), so `on_queued` keeps
-    /// arrivals cheap however long the queue.
+    /// waiting. O(log n) in the queue's length (see [`crate::queue::rank`]), so `on_queued`
+    /// keeps arrivals cheap however long the queue. With classes or fair queuing it counts
+    /// arrival order, not the order the queue will serve.
     pub fn position(&self, key: WaiterKey) -> Option<u64> {
         let (index, _) = self.queue.lookup(key)?;
         let ahead = self.queue.ahead(index)?;
@@ -1122,12 +946,15 @@ impl<W> GateState<W> {
     }
 
     /// Per tenant with turns running or waiting: `(tenant, in flight, queued)`. Empty when
-    /// per-tenant limits are off (turns are then not tracked per tenant).
+    /// neither per-tenant limits nor fair queuing are on (turns are then not tracked per
+    /// tenant).
     pub fn scope_stats(&self) -> Vec<(Arc<str>, u64, u64)> {
-        self.scopes
-            .iter()
-            .map(|(name, state)| (name.clone(), state.in_flight, state.lane.len()))
-            .collect()
+        self.queue.scope_stats()
+    }
+
+    /// Per priority class, most important first: its counts and its shares in slots now.
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        self.queue.class_stats()
     }
 
     /// Notes the memory pressure a newcomer just read; if it has eased, waiters take the free
@@ -1140,11 +967,22 @@ impl<W> GateState<W> {
         }
     }
 
-    /// Returns a running turn's slot and hands it on. `resource`, when known, updates the
-    /// remembered memory pressure first.
+    /// [`GateState::release_in`] for a turn of the default class.
     pub fn release(
         &mut self,
         scope: Option<&str>,
+        resource: Option<Decision>,
+        wakes: &mut Wakes<W>,
+    ) {
+        self.release_in(scope, ClassId::DEFAULT, resource, wakes);
+    }
+
+    /// Returns a running turn's slot and hands it on. `resource`, when known, updates the
+    /// remembered memory pressure first.
+    pub fn release_in(
+        &mut self,
+        scope: Option<&str>,
+        class: ClassId,
         resource: Option<Decision>,
         wakes: &mut Wakes<W>,
     ) {
@@ -1152,39 +990,57 @@ impl<W> GateState<W> {
             self.pressure = self.effective_pressure(resource);
         }
         increment(&mut self.slots_freed);
-        self.give_slot(scope);
+        let class = self.queue.class(class);
+        self.give_slot(scope, class);
         self.dispatch(1, wakes);
     }
 
-    /// A running turn parks on a human approval: its slot is lent to the queue.
-    pub fn suspend(&mut self, scope: Option<&str>, wakes: &mut Wakes<W>) {
+    /// [`GateState::finish_in`] for a turn of the default class.
+    pub fn finish(
+        &mut self,
+        scope: Option<&str>,
+        resource: Option<Decision>,
+        end: TurnEnd,
+        wakes: &mut Wakes<W>,
+    ) {
+        self.finish_in(scope, ClassId::DEFAULT, resource, end, wakes);
+    }
+
+    /// A running turn of `class` parks on a human approval: its slot is lent to the queue.
+    pub fn suspend(&mut self, scope: Option<&str>, class: ClassId, wakes: &mut Wakes<W>) {
         increment(&mut self.awaiting_human);
         increment(&mut self.slots_freed);
-        self.give_slot(scope);
+        let class = self.queue.class(class);
+        self.give_slot(scope, class);
         self.dispatch(1, wakes);
     }
 
-    /// A parked turn resumes: it takes a slot, borrowing one if none is free (the borrow is
-    /// repaid by not refilling the next release). Never waits.
-    pub fn resume(&mut self, scope: Option<&str>) {
+    /// A parked turn of `class` resumes: it takes a slot, borrowing one if none is free (or
+    /// its class is at its cap; the borrow is repaid by not refilling the next release).
+    /// Never waits.
+    pub fn resume(&mut self, scope: Option<&str>, class: ClassId) {
         decrement(&mut self.awaiting_human, "awaiting_human");
-        let key = scope.map(|name| self.scope_entry(name));
-        self.take_slot(key.as_deref());
+        let key = scope.map(|name| self.queue.scope_key(name));
+        let class = self.queue.class(class);
+        self.queue.take_slot(key.as_deref(), class);
+        self.count_slot();
     }
 
     /// Counts `turns` let through uncounted while the gate had nothing to enforce (see
-    /// [`PassThroughTurns`]) as holding slots, so a ceiling set since holds: they are not
-    /// admitted by the gate, and each returns its slot with [`GateState::release`].
+    /// [`PassThroughTurns`]) as holding slots (of the default class), so a ceiling set since
+    /// holds: they are not admitted by the gate, and each returns its slot with
+    /// [`GateState::release`].
     pub fn adopt(&mut self, turns: u64) {
         self.in_flight = self.in_flight.saturating_add(turns);
         self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+        self.queue.adopt(turns);
     }
 
     /// Whether memory pressure holds back a waiter that a free slot could start: then only a
     /// fresh sample (or a reconfigure) that finds the pressure eased can start it, since no
     /// release may come.
     pub fn held_back(&self) -> bool {
-        self.pressure != Decision::Admit && !self.ready.is_empty() && self.global_slot_free()
+        self.pressure != Decision::Admit && self.queue.dispatchable() && self.global_slot_free()
     }
 
     /// The waker of the oldest waiter that registered one, if any: the binding re-samples
@@ -1206,15 +1062,18 @@ impl<W> GateState<W> {
 
     /// Evicts the oldest live waiter of the whole queue; `false` if nobody waits.
     pub fn shed_oldest_waiter(&mut self, wakes: &mut Wakes<W>) -> bool {
-        self.evict_oldest(None, false, wakes)
+        self.queue
+            .oldest()
+            .is_some_and(|index| self.shed_waiter(index, wakes))
     }
 
     /// Forgets every turn and counter (the parent's turns after `fork()` are not the
     /// child's). The wakers are handed back to be dropped, never woken.
     pub fn reset(&mut self, wakes: &mut Wakes<W>) {
-        wakes.drop.extend(self.queue.clear());
-        // The slab is kept, so keys handed out before the reset stay invalid.
-        let queue = std::mem::take(&mut self.queue);
+        wakes.drop.extend(self.queue.reset());
+        // The queue's slab is kept, so keys handed out before the reset stay invalid; so is
+        // its configuration.
+        let queue = std::mem::replace(&mut self.queue, Queue::new(0, 0));
         let deferred = self.deferred;
         // Overload control's learned state is the provider's, not the parent's turns'.
         let overload = self.overload.take();
@@ -1239,7 +1098,7 @@ impl<W> GateState<W> {
             cancelled: self.cancelled,
             granted_unclaimed: self.granted_unclaimed,
             peak_in_flight: self.peak_in_flight,
-            tracked_scopes: self.scopes.len() as u64,
+            tracked_scopes: self.queue.tracked_scopes(),
             oldest_wait: self
                 .queue
                 .oldest()
@@ -1259,93 +1118,14 @@ impl<W> GateState<W> {
     /// core outside tests never panics.
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        let record = |index: u32| {
-            self.queue
-                .get(index)
-                .unwrap_or_else(|| panic!("a list names free record {index}"))
-        };
-        let mut lanes_len = self.unscoped.lane.len();
-        let mut scoped_in_flight = 0;
-        let mut outside_total = 0;
-        let mut expected_ready = BTreeMap::new();
-        let mut expected_newest = BTreeMap::new();
-        let lanes = std::iter::once((None, &self.unscoped))
-            .chain(self.scopes.iter().map(|(k, v)| (Some(k), v)));
-        for (name, state) in lanes {
-            if let Some(name) = name {
-                lanes_len += state.lane.len();
-                scoped_in_flight += state.in_flight;
-                assert!(
-                    state.in_flight > 0 || !state.lane.is_empty(),
-                    "scope {name:?} kept with nothing running or waiting"
-                );
-            }
-            let members: Vec<u32> = self.queue.iter_lane(&state.lane).collect();
-            assert_eq!(members.len() as u64, state.lane.len());
-            for window in members.windows(2) {
-                assert!(record(window[0]).seq < record(window[1]).seq);
-            }
-            for &index in &members {
-                assert_eq!(record(index).scope.as_deref(), name.map(|n| &**n));
-                assert_eq!(record(index).state, WaiterState::Waiting);
-            }
-            let outside = members.iter().filter(|&&i| record(i).outside_depth).count() as u64;
-            assert_eq!(
-                outside, state.outside_depth,
-                "lane {name:?} outside-depth count"
-            );
-            outside_total += outside;
-            let lane_ready = members
-                .first()
-                .filter(|_| state.below_limit(&self.limits, name.is_some()))
-                .map(|&head| (record(head).seq, head));
-            assert_eq!(
-                state.ready,
-                lane_ready.map(|(seq, _)| seq),
-                "lane {name:?} misfiled"
-            );
-            expected_ready.extend(lane_ready);
-            let lane_newest = members
-                .last()
-                .filter(|_| self.tracks_newest && state.below_limit(&self.limits, name.is_some()))
-                .map(|&tail| (record(tail).seq, tail));
-            assert_eq!(
-                state.newest,
-                lane_newest.map(|(seq, _)| seq),
-                "lane {name:?} misfiled as newest"
-            );
-            expected_newest.extend(lane_newest);
-        }
-        assert_eq!(lanes_len, self.queue.len(), "lanes and queue disagree");
-        assert_eq!(outside_total, self.outside_depth, "outside-depth count");
-        assert_eq!(self.queue.iter_all().count() as u64, self.queue.len());
-        for (ahead, index) in self.queue.iter_all().enumerate() {
-            assert_eq!(
-                self.queue.ahead(index),
-                Some(ahead as u64),
-                "rank of waiter {index}"
-            );
-        }
-        assert_eq!(self.ready, expected_ready, "ready index is stale");
+        self.queue.check_invariants(self.in_flight);
+        let tally = self.queue.tally_sum();
         assert_eq!(
-            self.ready_newest, expected_newest,
-            "newest-first index is stale"
+            (tally.admitted, tally.rejected, tally.shed, tally.cancelled),
+            (self.admitted, self.rejected, self.shed, self.cancelled),
+            "the classes' counters add up to the totals"
         );
-        if self.tracks_newest {
-            // The index gives what walking back from the newest waiter would find.
-            let eligible = |index: &u32| {
-                let scope = record(*index).scope.as_deref();
-                let state = match scope {
-                    None => Some(&self.unscoped),
-                    Some(name) => self.scopes.get(name),
-                };
-                state.is_some_and(|s| s.below_limit(&self.limits, scope.is_some()))
-            };
-            let walked = self.queue.iter_all().filter(eligible).last();
-            let indexed = self.ready_newest.last_key_value().map(|(_, &index)| index);
-            assert_eq!(indexed, walked, "newest eligible waiter");
-        }
-        assert!(scoped_in_flight <= self.in_flight);
+        assert!(self.queue.scoped_in_flight() <= self.in_flight);
         assert!(
             self.unconfirmed <= self.in_flight,
             "unconfirmed turns hold slots"
@@ -1354,11 +1134,32 @@ impl<W> GateState<W> {
         assert!(self.peak_in_flight >= self.in_flight);
         if self.pressure == Decision::Admit && self.global_slot_free() {
             assert!(
-                self.ready.is_empty(),
+                !self.queue.dispatchable_at(self.ceiling),
                 "an eligible waiter waits while a slot is free"
             );
         }
     }
+}
+
+/// The name of a total, for a failed check.
+fn outcome_name(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Admitted => "admitted",
+        Outcome::Rejected => "rejected",
+        Outcome::Shed => "shed",
+        Outcome::Cancelled => "cancelled",
+    }
+}
+
+/// Who arrives: a turn's tenant, class and deadline (see [`GateState::arrive_as`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Entrant<'a> {
+    /// Its tenant (`session_id` scope), if any.
+    pub scope: Option<&'a str>,
+    /// Its priority class ([`ClassId::DEFAULT`]: the gate's default).
+    pub class: ClassId,
+    /// When its caller gives up, on the caller's clock.
+    pub deadline: Option<Duration>,
 }
 
 /// A [`GateState`] behind one lock. Every method returns the [`Wakes`] to run once the
@@ -1527,6 +1328,20 @@ impl<W> Gate<W> {
         self.queued_hint.load(Ordering::Relaxed) > 0
     }
 
+    /// See [`GateState::arrive_as`].
+    pub fn arrive_as(
+        &self,
+        turn: Entrant<'_>,
+        decided: Option<Decision>,
+        resource: Decision,
+        now: impl FnOnce() -> Duration,
+    ) -> (Arrival, Wakes<W>) {
+        self.with(|state, wakes| {
+            self.adopt_passthrough(state);
+            state.arrive_as(turn, decided, resource, now, wakes)
+        })
+    }
+
     /// See [`GateState::arrive_by`].
     pub fn arrive_by(
         &self,
@@ -1617,19 +1432,57 @@ impl<W> Gate<W> {
         self.state.lock().defer_admission();
     }
 
-    /// See [`GateState::confirm`].
-    pub fn confirm(&self) {
-        self.state.lock().confirm();
+    /// See [`GateState::confirm_in`].
+    pub fn confirm_in(&self, class: ClassId) {
+        self.state.lock().confirm_in(class);
     }
 
-    /// See [`GateState::revoke`].
+    /// [`Gate::confirm_in`] the default class.
+    pub fn confirm(&self) {
+        self.confirm_in(ClassId::DEFAULT);
+    }
+
+    /// See [`GateState::revoke_in`].
+    pub fn revoke_in(
+        &self,
+        scope: Option<&str>,
+        class: ClassId,
+        reason: Option<Rejection>,
+        now: impl FnOnce() -> Duration,
+    ) -> (Option<Duration>, Wakes<W>) {
+        self.with(|state, wakes| state.revoke_in(scope, class, reason, now, wakes))
+    }
+
+    /// [`Gate::revoke_in`] the default class.
     pub fn revoke(
         &self,
         scope: Option<&str>,
         reason: Option<Rejection>,
         now: impl FnOnce() -> Duration,
     ) -> (Option<Duration>, Wakes<W>) {
-        self.with(|state, wakes| state.revoke(scope, reason, now, wakes))
+        self.revoke_in(scope, ClassId::DEFAULT, reason, now)
+    }
+
+    /// See [`GateState::set_order`].
+    pub fn set_order(&self, order: Order) -> Result<Wakes<W>, PriorityError> {
+        let (result, wakes) = self.with(|state, wakes| state.set_order(order, wakes));
+        result.map(|()| wakes)
+    }
+
+    /// The queue's order in force (a copy).
+    pub fn order(&self) -> Order {
+        self.state.lock().order().clone()
+    }
+
+    /// See [`GateState::class_stats`].
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        self.state.lock().class_stats()
+    }
+
+    /// [`Gate::stats`] and [`Gate::class_stats`] read together, so they add up.
+    pub fn stats_and_classes(&self, now: impl FnOnce() -> Duration) -> (Stats, Vec<ClassStats>) {
+        let state = self.state.lock();
+        (state.stats(now), state.class_stats())
     }
 
     /// See [`GateState::shed_oldest_waiter`].
@@ -1678,14 +1531,21 @@ struct SlotState {
 #[must_use = "a slot is held until `close` is called"]
 pub struct TurnSlot {
     scope: Option<Arc<str>>,
+    class: ClassId,
     state: Mutex<SlotState>,
 }
 
 impl TurnSlot {
-    /// The slot of a turn just admitted into `scope`.
+    /// The slot of a turn just admitted into `scope`, in the default class.
     pub fn new(scope: Option<Arc<str>>) -> Self {
+        Self::in_class(scope, ClassId::DEFAULT)
+    }
+
+    /// The slot of a turn just admitted into `scope` and class `class`.
+    pub fn in_class(scope: Option<Arc<str>>, class: ClassId) -> Self {
         Self {
             scope,
+            class,
             state: Mutex::new(SlotState {
                 waits: 0,
                 held: true,
@@ -1699,6 +1559,11 @@ impl TurnSlot {
         self.scope.as_deref()
     }
 
+    /// The class the slot counts against.
+    pub fn class(&self) -> ClassId {
+        self.class
+    }
+
     /// Enters a human wait; the first of nested waits lends the slot to the queue.
     pub fn suspend<W>(&self, gate: &Gate<W>) -> Wakes<W> {
         let mut slot = self.state.lock();
@@ -1707,7 +1572,7 @@ impl TurnSlot {
         if slot.waits == 1 && slot.held && !slot.closed {
             slot.held = false;
             return gate
-                .with(|state, wakes| state.suspend(self.scope(), wakes))
+                .with(|state, wakes| state.suspend(self.scope(), self.class, wakes))
                 .1;
         }
         Wakes::default()
@@ -1721,7 +1586,7 @@ impl TurnSlot {
             return;
         }
         slot.held = true;
-        let ((), wakes) = gate.with(|state, _| state.resume(self.scope()));
+        let ((), wakes) = gate.with(|state, _| state.resume(self.scope(), self.class));
         debug_assert!(wakes.is_empty(), "taking a slot wakes nobody");
         drop(wakes);
     }
@@ -1736,7 +1601,7 @@ impl TurnSlot {
         slot.closed = true;
         if slot.held {
             slot.held = false;
-            gate.with(|state, wakes| state.release(self.scope(), resource, wakes))
+            gate.with(|state, wakes| state.release_in(self.scope(), self.class, resource, wakes))
                 .1
         } else {
             gate.with(|state, _| state.end_suspended()).1
@@ -1755,8 +1620,10 @@ impl TurnSlot {
         slot.closed = true;
         if slot.held {
             slot.held = false;
-            gate.with(|state, wakes| state.finish(self.scope(), resource, end, wakes))
-                .1
+            gate.with(|state, wakes| {
+                state.finish_in(self.scope(), self.class, resource, end, wakes)
+            })
+            .1
         } else {
             gate.with(|state, _| state.end_suspended()).1
         }

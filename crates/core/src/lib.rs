@@ -2,9 +2,12 @@
 //!
 //! * [`policy`]: the pure decision functions (concurrency ceiling, memory-pressure ladder) and
 //!   the configuration they validate.
-//! * [`waiters`]: the FIFO wait queue, with per-scope sub-queues and O(1) removal.
-//! * [`rank`]: how many waiters are ahead of one, in O(log n).
 //! * [`gate`]: the state machine that makes the decisions real, behind one lock.
+//! * [`queue`]: the wait queue and the order it is served in (FIFO, priority classes with
+//!   shares, fair queuing across tenants), consulted by the gate: [`waiters`] the slab of
+//!   waiter records on intrusive lists, [`rank`] how many waiters are ahead of one, in
+//!   O(log n), [`queue::classes`] the classes' configuration and shares.
+//! * [`rejection`]: why a turn was refused.
 //! * [`passthrough`]: turns let through while the gate enforces nothing, counted lock-free.
 //! * [`rss`]: the cached resident-set-size sampler used for memory-aware admission.
 //! * [`retry`]: the retry hint of a refused turn, from the recent release rate.
@@ -53,17 +56,20 @@ pub mod histogram;
 pub mod overload;
 pub mod passthrough;
 pub mod policy;
-pub mod rank;
+pub mod queue;
+pub mod rejection;
 pub mod retry;
 pub mod rss;
 pub(crate) mod sync;
 pub mod transport;
 pub mod unwind;
-pub mod waiters;
+
+pub use queue::{rank, waiters};
 
 pub use gate::{
-    Arrival, Cancelled, Claim, Gate, GateState, Registered, Rejection, Stats, TurnSlot, Waker,
-    Wakes,
+    Arrival, Cancelled, Claim, Entrant, Gate, GateState, Registered, Rejection, Stats, TurnSlot,
+    Waker, Wakes,
 };
 pub use policy::{ConcurrencyLimit, ConfigError, Decision, Facts, MemoryPressure, Overflow};
-pub use waiters::WaiterKey;
+pub use queue::waiters::WaiterKey;
+pub use queue::{ClassId, ClassStats, Order, Priorities, PriorityClass, PriorityError};

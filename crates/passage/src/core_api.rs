@@ -6,10 +6,12 @@ pub use admitgate_core::gate::TurnEnd;
 pub use admitgate_core::histogram::HistogramSnapshot;
 pub use admitgate_core::overload::{Discipline, Outcome};
 pub use admitgate_core::policy::MemoryPressure;
+pub use admitgate_core::queue::Tally;
 pub use admitgate_core::transport::{
     RequestLabel, TransportError, TransportId, TransportStats, Transports, PASSTHROUGH,
 };
 pub use admitgate_core::{
-    Arrival, Cancelled, Claim, ConcurrencyLimit, ConfigError, Decision, Gate, Overflow, Registered,
-    Rejection, Stats, TurnSlot, WaiterKey, Waker, Wakes,
+    Arrival, Cancelled, Claim, ClassId, ClassStats, ConcurrencyLimit, ConfigError, Decision, Gate,
+    Order, Overflow, Priorities, PriorityClass, PriorityError, Registered, Rejection, Stats,
+    TurnSlot, WaiterKey, Waker, Wakes,
 };

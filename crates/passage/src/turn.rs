@@ -33,7 +33,8 @@ use admitgate_core::overload::Outcome;
 use admitgate_core::passthrough::PassTicket;
 use admitgate_core::transport::{TransportId, Transports};
 use admitgate_core::{
-    Arrival, Claim, Decision, Gate, Registered, Rejection, TurnSlot, WaiterKey, Waker, Wakes,
+    Arrival, Claim, ClassId, Decision, Entrant, Gate, Registered, Rejection, TurnSlot, WaiterKey,
+    Waker, Wakes,
 };
 
 use crate::lease::TurnLease;
@@ -243,6 +244,8 @@ pub struct AlreadyEntered;
 /// One turn's passage (see the module documentation).
 pub struct Turn {
     transport: TransportId,
+    /// Its priority class (resolved by the driver; the default class when not set).
+    class: ClassId,
     /// A fleet lease follows the local slot.
     lease_follows: bool,
     /// The lane's epoch when the turn began.
@@ -257,6 +260,7 @@ impl Turn {
     pub fn new(transport: TransportId, lease_follows: bool) -> Self {
         Self {
             transport,
+            class: ClassId::DEFAULT,
             lease_follows,
             epoch: 0,
             waited: false,
@@ -267,6 +271,17 @@ impl Turn {
     /// The transport it passes through.
     pub fn transport(&self) -> TransportId {
         self.transport
+    }
+
+    /// Puts the turn in priority class `class` (before it arrives; a concrete class, so a
+    /// later change of the gate's default does not move a turn already counted in one).
+    pub fn set_class(&mut self, class: ClassId) {
+        self.class = class;
+    }
+
+    /// Its priority class.
+    pub fn class(&self) -> ClassId {
+        self.class
     }
 
     /// Whether it had to wait in the queue for its slot.
@@ -303,6 +318,7 @@ impl Turn {
     pub fn take(&mut self) -> Turn {
         let ended = Turn {
             transport: self.transport,
+            class: self.class,
             lease_follows: self.lease_follows,
             epoch: self.epoch,
             waited: self.waited,
@@ -376,9 +392,12 @@ impl Turn {
         deadline: Option<Duration>,
         now: impl FnOnce() -> Duration,
     ) -> (Arrived, Wakes<L::Waker>) {
-        let (arrival, wakes) = lane
-            .gate()
-            .arrive_by(scope, decided, resource, deadline, now);
+        let entrant = Entrant {
+            scope,
+            class: self.class,
+            deadline,
+        };
+        let (arrival, wakes) = lane.gate().arrive_as(entrant, decided, resource, now);
         let arrived = match arrival {
             Arrival::Admitted(scope) => {
                 self.granted(lane, scope, false);
@@ -527,7 +546,7 @@ impl Turn {
             lease.close();
             return Err(NotLeasing::Forked);
         }
-        lane.gate().confirm();
+        lane.gate().confirm_in(self.class);
         lane.transports().dequeued(self.transport, true);
         self.phase = Phase::Granted {
             scope,
@@ -554,7 +573,9 @@ impl Turn {
         if !self.current(lane) {
             return None;
         }
-        let (retry, wakes) = lane.gate().revoke(scope.as_deref(), reason, now);
+        let (retry, wakes) = lane
+            .gate()
+            .revoke_in(scope.as_deref(), self.class, reason, now);
         lane.transports().dequeued(self.transport, false);
         if let Some(reason) = reason {
             lane.transports().rejected(self.transport, reason);
@@ -586,7 +607,7 @@ impl Turn {
             (at, in_flight)
         });
         let held = Held {
-            slot: TurnSlot::new(scope),
+            slot: TurnSlot::in_class(scope, self.class),
             away: std::sync::Mutex::new(Away::default()),
             lease,
         };
@@ -676,7 +697,7 @@ impl Turn {
                     return None;
                 }
                 lane.transports().finished(self.transport);
-                Some(TurnSlot::new(scope).close(gate, resource()))
+                Some(TurnSlot::in_class(scope, self.class).close(gate, resource()))
             }
             Phase::PassThrough(ticket) if current => {
                 lane.transports().finished(self.transport);

@@ -37,10 +37,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._admitgate import ConcurrencyLimitPolicy
-from .._builders import build_memory_pressure_policy
+from .._builders import build_admission_gate, build_memory_pressure_policy
+from .._priorities import PriorityClass
 from .document import Document, Found, kind_of, read_document
 from .memory import read_memory_limits
 from .settings import (
+    ORDER_NAMES,
+    ORDER_NOTE,
     SETTING_NAMES,
     SHOWN_CHARS,
     ConfigError,
@@ -99,7 +102,10 @@ _EXPECTED = {
     "max_rss_mb": "a number",
     "reliability": "a profile name string",
     "drain_timeout": "a number of seconds",
+    "default_priority": "a priority class name string",
+    "fairness": "'tenant' or 'none'",
 }
+_CLASS_KEYS = ("name", "min_share", "max_share")
 
 
 class _Validator:
@@ -200,6 +206,58 @@ class _Validator:
             return None
         return name
 
+    def order(self, found: Mapping[str, Found | None]) -> dict[str, Any]:
+        """``priorities``, ``default_priority`` and ``fairness`` (admitgate's own keys, which
+        praisonai-bot ignores), checked as the gate checks them; as written (JSON-ready)."""
+        given = {
+            name: f
+            for name in ORDER_NAMES
+            if (f := found.get(name)) is not None and f.value is not None
+        }
+        out: dict[str, Any] = {}
+        listed = given.get("priorities")
+        if listed is not None:
+            if not isinstance(listed.value, list):
+                self.refuse(
+                    "priorities",
+                    listed,
+                    "priorities must be a list of classes (name, min_share, max_share), not "
+                    f"a {kind_of(listed.value)}",
+                )
+                return {}
+            classes = []
+            for i, item in enumerate(listed.value):
+                where = f"priorities[{i}]"
+                if not isinstance(item, dict):
+                    reason = f"{where} must be a mapping of {', '.join(_CLASS_KEYS)}"
+                    self.refuse("priorities", listed, f"{reason}, not a {kind_of(item)}")
+                    return {}
+                unknown = sorted(str(k) for k in item if k not in _CLASS_KEYS)
+                if unknown:
+                    reason = f"{where} has unknown keys {unknown}; known: {', '.join(_CLASS_KEYS)}"
+                    self.refuse("priorities", listed, reason)
+                    return {}
+                try:
+                    classes.append(PriorityClass(**item))
+                except (TypeError, ValueError) as exc:
+                    self.refuse("priorities", listed, f"{where}: {exc}")
+                    return {}
+            out["priorities"] = [
+                {"name": c.name, "min_share": c.min_share, "max_share": c.max_share}
+                for c in classes
+            ]
+        for name in ("default_priority", "fairness"):
+            if name in given and self.plain(name, given[name]):
+                out[name] = given[name].value
+        if out and not self.problems:
+            try:
+                build_admission_gate(max_concurrent_runs=1, **gate_order(out))
+            except (TypeError, ValueError) as exc:
+                first = next(iter(given))
+                self.refuse(first, given[first], str(exc))
+                return {}
+        return out
+
     def drain(self, found: Found | None) -> float | None:
         if found is None or found.value is None or not self.plain("drain_timeout", found):
             return None
@@ -253,7 +311,17 @@ def load(
     for name in SETTING_NAMES:
         override = overrides[name]
         found[name] = Found(override, "override") if override is not None else doc.find(name)
+    for name in ORDER_NAMES:
+        found[name] = doc.find(name)
     return _resolve(display, doc, found)
+
+
+def gate_order(written: Mapping[str, Any]) -> dict[str, Any]:
+    """``build_admission_gate`` arguments from the order keys as written."""
+    kwargs = dict(written)
+    if "priorities" in kwargs:
+        kwargs["priorities"] = [PriorityClass(**c) for c in kwargs["priorities"]]
+    return kwargs
 
 
 def _resolve(path: str, doc: Document, found: Mapping[str, Found | None]) -> GateSettings:
@@ -263,6 +331,7 @@ def _resolve(path: str, doc: Document, found: Mapping[str, Found | None]) -> Gat
     rss = check.rss(found["max_rss_mb"])
     profile = check.profile(found["reliability"])
     drain = check.drain(found["drain_timeout"])
+    order = check.order(found)
     if check.problems:
         raise ConfigError(
             path,
@@ -286,6 +355,8 @@ def _resolve(path: str, doc: Document, found: Mapping[str, Found | None]) -> Gat
     }
     notes = {"reliability": "" if profile else "praisonai-bot's safe default"}
     settings = {name: setting(name, values[name], notes.get(name, "")) for name in SETTING_NAMES}
+    for name, value in order.items():
+        settings[name] = setting(name, value, ORDER_NOTE)
 
     # The reliability preset (praisonai-bot's resolve_reliability) fills what is unset.
     preset_name = profile or "safe default"

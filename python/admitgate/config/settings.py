@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .._admitgate import AdmissionGate
 from .._builders import build_admission_gate, build_memory_pressure_policy
+from .._priorities import PriorityClass
 from .memory import MemoryLimits
 
 Source = Literal["default", "top-level", "gateway", "preset", "override"]
@@ -33,6 +34,11 @@ SETTING_NAMES = (
     "drain_timeout",
 )
 
+
+#: admitgate's own keys: priority classes and fair queuing (docs/priorities.md). praisonai-bot
+#: ignores them; they are reported (after the settings above) only when the file sets them.
+ORDER_NAMES = ("priorities", "default_priority", "fairness")
+ORDER_NOTE = "admitgate's own key; praisonai-bot ignores it"
 
 #: The most characters of a value (or of a YAML error) a message shows.
 SHOWN_CHARS = 80
@@ -111,7 +117,7 @@ class Setting:
     """One effective setting: its value, where it came from, and the line it is on."""
 
     name: str
-    value: int | float | str | None
+    value: int | float | str | list[dict[str, Any]] | None
     source: Source
     line: int | None = None
     note: str = ""
@@ -133,6 +139,11 @@ def _shown(setting: Setting) -> str:
         return f"{show_number(value)} s"
     if isinstance(value, float) and setting.name == "max_rss_mb":
         return f"{show_number(value)} MiB" if value else "0 (off)"
+    if isinstance(value, list):  # priorities: "interactive (0.5..1), batch (0.2..1)"
+        return ", ".join(
+            f"{c['name']} ({show_number(c['min_share'])}..{show_number(c['max_share'])})"
+            for c in value
+        )
     return str(value)
 
 
@@ -266,6 +277,11 @@ class GateSettings:
         }
         if self.max_rss_mb > 0:
             kwargs["resource_policy"] = build_memory_pressure_policy(self.max_rss_mb)
+        for name in ORDER_NAMES:
+            if name in self.settings:
+                kwargs[name] = self.settings[name].value
+        if "priorities" in kwargs:
+            kwargs["priorities"] = [PriorityClass(**c) for c in kwargs["priorities"]]
         return kwargs
 
     def build_gate(self) -> AdmissionGate | None:
@@ -304,6 +320,14 @@ class GateSettings:
                     f"One tenant (session_id) runs at most {per_scope} turns at once; its other "
                     f"turns wait in its own lane{lane} while other tenants' turns start."
                 )
+        classes = self.settings.get("priorities")
+        if classes is not None and isinstance(classes.value, list):
+            names = ", ".join(str(c["name"]) for c in classes.value)
+            out.append(
+                f"Priority classes, most important first: {names}; a class below its "
+                "guaranteed share (min_share) runs first, a full queue sheds the least "
+                "important class first (docs/priorities.md)."
+            )
         if rss > 0:
             share = ""
             limit = self.memory.limit_mb
@@ -349,7 +373,7 @@ class GateSettings:
 
     def format_text(self) -> str:
         """The human report ``check-config`` prints: settings, meaning, warnings."""
-        width = max(len(n) for n in SETTING_NAMES)
+        width = max(len(n) for n in self.settings)
         shown = {name: _shown(s) for name, s in self.settings.items()}
         value_width = max(len(v) for v in shown.values())
         lines = [

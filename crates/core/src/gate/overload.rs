@@ -120,18 +120,8 @@ impl<W> GateState<W> {
         );
         self.overload = Some(Box::new(overload));
         let tracks = discipline == Discipline::AdaptiveLifo;
-        if tracks != self.tracks_newest {
-            self.tracks_newest = tracks;
-            if !tracks {
-                self.ready_newest.clear();
-                for state in self.scopes.values_mut() {
-                    state.newest = None;
-                }
-                self.unscoped.newest = None;
-            }
-            // Files the lanes already waiting (none, when set before any turn arrives).
-            self.refresh_all_lanes();
-        }
+        // Files the lanes already waiting (none, when set before any turn arrives).
+        self.queue.set_newest_first(tracks);
     }
 
     /// Whether turns should report their start and end ([`GateState::turn_started`],
@@ -197,9 +187,10 @@ impl<W> GateState<W> {
     /// Ends a running turn that reported its start, as [`GateState::release`] does, after
     /// telling the controller how it went: the ceiling moves before the slot is handed on,
     /// so a refusal never starts the next turn under the ceiling it just proved too high.
-    pub fn finish(
+    pub fn finish_in(
         &mut self,
         scope: Option<&str>,
+        class: crate::ClassId,
         resource: Option<super::Decision>,
         end: TurnEnd,
         wakes: &mut Wakes<W>,
@@ -229,7 +220,7 @@ impl<W> GateState<W> {
             self.refuse_infeasible(wakes);
         }
         self.follow_controller(wakes);
-        self.release(scope, resource, wakes);
+        self.release_in(scope, class, resource, wakes);
     }
 
     /// Sets the ceiling the controller wants; a higher one starts waiters at once, a lower
@@ -307,14 +298,6 @@ impl<W> GateState<W> {
             }
         }
         mode
-    }
-
-    /// The newest waiter whose lane may take a slot (its tenant is below its limit): the
-    /// newest of the eligible lanes' newest waiters, in O(log lanes) however many waiters of
-    /// tenants at their limit are newer.
-    pub(super) fn newest_eligible(&self) -> Option<u32> {
-        debug_assert!(self.tracks_newest, "newest first without its index");
-        self.ready_newest.last_key_value().map(|(_, &index)| index)
     }
 
     /// A waiting turn's deadline timer ([`GateState::deadline_timer`]) or queue timeout

@@ -1,10 +1,11 @@
 //! The wait queue: a slab of waiter records threaded on intrusive doubly-linked lists.
 //!
-//! Every waiting turn is on two lists: the queue of all waiters in arrival order (whose head
-//! is the oldest waiter, the `shed_oldest` victim when the global queue is full) and the lane
-//! of its scope (whose head is the next turn of that tenant to run, and the victim when the
-//! tenant's own queue is full). Unlinking any record is O(1), so cancellation and eviction do
-//! not scan. A record outlives its place in the lists: once granted a slot or shed it stays in
+//! Every waiting turn is on three lists: the queue of all waiters in arrival order (whose
+//! head is the oldest waiter of all), the list of its priority class in arrival order (whose
+//! head is the `shed_oldest` victim when the queue is full) and its lane, the waiters of one
+//! tenant in one class (whose head is that tenant's next turn in that class, and the victim
+//! when the tenant's own queue is full). Unlinking any record is O(1), so cancellation and
+//! eviction do not scan. A record outlives its place in the lists: once granted a slot or shed it stays in
 //! the slab, off every list, until its owner claims the outcome (or cancels), so a grant and a
 //! cancellation that race are always settled under the gate's lock and never lose a slot.
 //!
@@ -16,9 +17,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::count::{decrement, increment};
-use super::gate::Rejection;
 use super::rank::RankIndex;
+use crate::count::{decrement, increment};
+use crate::rejection::Rejection;
 
 const NIL: u32 = u32::MAX;
 
@@ -47,7 +48,16 @@ struct Links {
     next: u32,
 }
 
-/// A FIFO list of waiters threaded through the slab (one per scope, plus the list of all).
+/// Which of a record's three lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum List {
+    All,
+    Class,
+    Lane,
+}
+
+/// A FIFO list of waiters threaded through the slab (one per lane, one per class, and the
+/// list of all).
 #[derive(Debug)]
 pub struct Lane {
     head: u32,
@@ -94,9 +104,12 @@ pub struct Waiter<W> {
     pub enqueued_at: Duration,
     /// It waits only because of soft memory pressure, outside `queue_depth`.
     pub outside_depth: bool,
+    /// Its priority class's position.
+    pub class: u8,
     /// Its slot in the rank index while it is on the queue.
     rank: usize,
     all: Links,
+    class_links: Links,
     lane: Links,
     next_free: u32,
 }
@@ -107,6 +120,8 @@ pub struct WaitQueue<W> {
     nodes: Vec<Waiter<W>>,
     free_head: u32,
     all: Lane,
+    /// Each class's waiters in arrival order, by position (grown as classes are used).
+    classes: Vec<Lane>,
     next_seq: u64,
     /// Counts the waiters ahead of each one (see [`WaitQueue::ahead`]).
     rank: RankIndex,
@@ -118,6 +133,7 @@ impl<W> Default for WaitQueue<W> {
             nodes: Vec::new(),
             free_head: NIL,
             all: Lane::default(),
+            classes: Vec::new(),
             next_seq: 0,
             rank: RankIndex::default(),
         }
@@ -140,16 +156,21 @@ impl<W> WaitQueue<W> {
         self.nodes.iter().filter(|node| node.occupied).count()
     }
 
-    /// Adds a waiter at the back of the queue and of `lane`; `outside_depth` marks a turn
-    /// held back only by soft memory pressure. `None` when the slab is full: its indices are
+    /// Adds a waiter of `class` at the back of the queue, of its class and of `lane`;
+    /// `outside_depth` marks a turn held back only by soft memory pressure. `None` when the slab is full: its indices are
     /// `u32`, so it holds at most 2^32 - 1 records (hundreds of GiB of them).
     pub fn push(
         &mut self,
         lane: &mut Lane,
         scope: Option<Arc<str>>,
+        class: u8,
         now: Duration,
         outside_depth: bool,
     ) -> Option<WaiterKey> {
+        let wanted = usize::from(class).saturating_add(1);
+        if self.classes.len() < wanted {
+            self.classes.resize_with(wanted, Lane::default);
+        }
         let seq = self.next_seq;
         let rank = self.rank_slot();
         let free = (self.free_head != NIL).then_some(self.free_head);
@@ -164,6 +185,7 @@ impl<W> WaitQueue<W> {
                 node.seq = seq;
                 node.enqueued_at = now;
                 node.outside_depth = outside_depth;
+                node.class = class;
                 node.rank = rank;
                 (index, node.generation)
             }
@@ -184,8 +206,10 @@ impl<W> WaitQueue<W> {
                     seq,
                     enqueued_at: now,
                     outside_depth,
+                    class,
                     rank,
                     all: Links::default(),
+                    class_links: Links::default(),
                     lane: Links::default(),
                     next_free: NIL,
                 });
@@ -193,8 +217,9 @@ impl<W> WaitQueue<W> {
             }
         };
         increment(&mut self.next_seq);
-        self.link_back(index, true, lane);
-        self.link_back(index, false, lane);
+        for list in [List::All, List::Class, List::Lane] {
+            self.link_back(index, list, lane);
+        }
         Some(WaiterKey { index, generation })
     }
 
@@ -231,14 +256,32 @@ impl<W> WaitQueue<W> {
         self.nodes.get(index as usize)
     }
 
-    fn links(&mut self, index: u32, all: bool) -> Option<&mut Links> {
+    fn links(&mut self, index: u32, list: List) -> Option<&mut Links> {
         let node = self.nodes.get_mut(index as usize)?;
-        Some(if all { &mut node.all } else { &mut node.lane })
+        Some(match list {
+            List::All => &mut node.all,
+            List::Class => &mut node.class_links,
+            List::Lane => &mut node.lane,
+        })
     }
 
-    fn link_back(&mut self, index: u32, all: bool, lane: &mut Lane) {
-        let tail = if all { self.all.tail } else { lane.tail };
-        let Some(links) = self.links(index, all) else {
+    /// The list `list` of the record at `index` (`lane` is its lane).
+    fn list<'a>(&'a mut self, index: u32, list: List, lane: &'a mut Lane) -> Option<&'a mut Lane> {
+        match list {
+            List::All => Some(&mut self.all),
+            List::Lane => Some(lane),
+            List::Class => {
+                let class = self.nodes.get(index as usize)?.class;
+                self.classes.get_mut(usize::from(class))
+            }
+        }
+    }
+
+    fn link_back(&mut self, index: u32, list: List, lane: &mut Lane) {
+        let Some(tail) = self.list(index, list, lane).map(|l| l.tail) else {
+            return;
+        };
+        let Some(links) = self.links(index, list) else {
             return;
         };
         *links = Links {
@@ -246,37 +289,39 @@ impl<W> WaitQueue<W> {
             next: NIL,
         };
         if tail != NIL {
-            if let Some(links) = self.links(tail, all) {
+            if let Some(links) = self.links(tail, list) {
                 links.next = index;
             }
         }
-        let list = if all { &mut self.all } else { lane };
-        list.tail = index;
-        if list.head == NIL {
-            list.head = index;
+        if let Some(l) = self.list(index, list, lane) {
+            l.tail = index;
+            if l.head == NIL {
+                l.head = index;
+            }
+            increment(&mut l.len);
         }
-        increment(&mut list.len);
     }
 
-    fn unlink_from(&mut self, index: u32, all: bool, lane: &mut Lane) {
-        let Some(&mut Links { prev, next }) = self.links(index, all) else {
+    fn unlink_from(&mut self, index: u32, list: List, lane: &mut Lane) {
+        let Some(&mut Links { prev, next }) = self.links(index, list) else {
             return;
         };
-        let list = if all { &mut self.all } else { lane };
-        if prev == NIL {
-            list.head = next;
+        if let Some(l) = self.list(index, list, lane) {
+            if prev == NIL {
+                l.head = next;
+            }
+            if next == NIL {
+                l.tail = prev;
+            }
+            decrement(&mut l.len, "a wait list's length");
         }
-        if next == NIL {
-            list.tail = prev;
-        }
-        decrement(&mut list.len, "a wait list's length");
         if prev != NIL {
-            if let Some(links) = self.links(prev, all) {
+            if let Some(links) = self.links(prev, list) {
                 links.next = next;
             }
         }
         if next != NIL {
-            if let Some(links) = self.links(next, all) {
+            if let Some(links) = self.links(next, list) {
                 links.prev = prev;
             }
         }
@@ -298,8 +343,9 @@ impl<W> WaitQueue<W> {
         if !waiting {
             return None;
         }
-        self.unlink_from(index, true, lane);
-        self.unlink_from(index, false, lane);
+        for list in [List::All, List::Class, List::Lane] {
+            self.unlink_from(index, list, lane);
+        }
         let node = self.nodes.get_mut(index as usize)?;
         node.state = state;
         self.rank.remove(node.rank);
@@ -365,6 +411,45 @@ impl<W> WaitQueue<W> {
         (self.all.head != NIL).then_some(self.all.head)
     }
 
+    /// The oldest waiter of the class at `class`, if any.
+    pub fn class_head(&self, class: usize) -> Option<u32> {
+        self.classes
+            .get(class)
+            .and_then(|list| (list.head != NIL).then_some(list.head))
+    }
+
+    /// How many waiters the class at `class` holds.
+    pub fn class_len(&self, class: usize) -> u64 {
+        self.classes.get(class).map_or(0, Lane::len)
+    }
+
+    /// Walks the class at `class` in arrival order.
+    pub fn iter_class(&self, class: usize) -> impl Iterator<Item = u32> + '_ {
+        let mut i = self.class_head(class).unwrap_or(NIL);
+        std::iter::from_fn(move || {
+            if i == NIL {
+                return None;
+            }
+            let current = i;
+            i = self.node(current).map_or(NIL, |node| node.class_links.next);
+            Some(current)
+        })
+    }
+
+    /// The newest waiter of the class at `class` that counts against the queue's depth (not
+    /// held back by soft memory pressure alone), if any. Walks back past those that do not
+    /// count, of which there are at most as many as free slots.
+    pub fn class_newest_in_depth(&self, class: usize) -> Option<u32> {
+        let mut i = self.classes.get(class).map_or(NIL, |list| list.tail);
+        while let Some(node) = self.get(i) {
+            if !node.outside_depth {
+                return Some(i);
+            }
+            i = node.class_links.prev;
+        }
+        None
+    }
+
     /// The newest waiter of all, if any.
     pub fn newest(&self) -> Option<u32> {
         (self.all.tail != NIL).then_some(self.all.tail)
@@ -397,6 +482,7 @@ impl<W> WaitQueue<W> {
         let mut wakers = Vec::new();
         self.free_head = NIL;
         self.all = Lane::default();
+        self.classes.clear();
         self.rank.clear();
         for (index, node) in self.nodes.iter_mut().enumerate().rev() {
             if node.occupied {
@@ -461,19 +547,23 @@ mod tests {
         let mut q: WaitQueue<()> = WaitQueue::default();
         let mut a = Lane::default();
         let mut b = Lane::default();
-        let k1 = q.push(&mut a, None, Duration::ZERO, false).unwrap();
-        let k2 = q.push(&mut b, None, Duration::ZERO, false).unwrap();
-        let k3 = q.push(&mut a, None, Duration::ZERO, false).unwrap();
+        let k1 = q.push(&mut a, None, 0, Duration::ZERO, false).unwrap();
+        let k2 = q.push(&mut b, None, 1, Duration::ZERO, false).unwrap();
+        let k3 = q.push(&mut a, None, 0, Duration::ZERO, false).unwrap();
         assert_eq!(q.iter_all().collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(q.iter_lane(&a).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(q.iter_class(0).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(q.iter_class(1).collect::<Vec<_>>(), vec![1]);
+        assert_eq!((q.class_len(0), q.class_len(1), q.class_len(2)), (2, 1, 0));
         let i1 = q.resolve(k1).unwrap();
         q.unlink(i1, &mut a, WaiterState::Granted);
         assert_eq!(q.oldest(), Some(1));
+        assert_eq!(q.class_head(0), Some(2));
         assert_eq!(q.lane_head(&a), Some(2));
         assert_eq!(q.len(), 2);
         q.free(i1);
         assert_eq!(q.resolve(k1), None);
-        let k4 = q.push(&mut b, None, Duration::ZERO, false).unwrap();
+        let k4 = q.push(&mut b, None, 0, Duration::ZERO, false).unwrap();
         assert_eq!(q.resolve(k4), Some(0), "the freed record is reused");
         assert_eq!(q.resolve(k1), None, "a stale key stays stale after reuse");
         assert_eq!(q.iter_lane(&b).collect::<Vec<_>>(), vec![1, 0]);
@@ -485,13 +575,13 @@ mod tests {
         let i2 = q.resolve(k2).unwrap();
         q.unlink(i2, &mut b, WaiterState::Granted);
         assert_eq!(q.iter_all().collect::<Vec<_>>(), vec![0]);
-        let k5 = q.push(&mut a, None, Duration::ZERO, false).unwrap();
+        let k5 = q.push(&mut a, None, 0, Duration::ZERO, false).unwrap();
         assert_eq!(q.clear().len(), 0, "no wakers were registered");
         assert!(q.is_empty() && q.records() == 0);
         assert_eq!(q.resolve(k4), None, "clear invalidates every key");
         assert_eq!(q.resolve(k5), None);
         let k6 = q
-            .push(&mut Lane::default(), None, Duration::ZERO, false)
+            .push(&mut Lane::default(), None, 0, Duration::ZERO, false)
             .unwrap();
         assert!(q.resolve(k6).is_some());
     }
