@@ -671,7 +671,7 @@ impl<W> GateState<W> {
             let retry = self.retry_hint(self.queue.len(), now);
             return Arrival::Rejected(Rejection::QueueFull, Some(retry));
         };
-        self.remember_deadline(waiter, deadline);
+        self.remember_deadline(waiter, turn.deadline);
         self.dispatch(0, wakes);
         Arrival::Queued(waiter)
     }

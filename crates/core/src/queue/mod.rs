@@ -477,6 +477,16 @@ impl<W> Queue<W> {
         self.waiters.get_mut(index)
     }
 
+    /// The key of the record at `index` (see [`WaitQueue::key`]).
+    pub fn key(&self, index: u32) -> Option<WaiterKey> {
+        self.waiters.key(index)
+    }
+
+    /// How many records the slab holds (see [`WaitQueue::records`]).
+    pub fn records(&self) -> usize {
+        self.waiters.records()
+    }
+
     /// See [`WaitQueue::lookup`].
     pub fn lookup(&self, key: WaiterKey) -> Option<(u32, &Waiter<W>)> {
         self.waiters.lookup(key)
