@@ -400,16 +400,26 @@ impl<W> GateState<W> {
             .queue
             .lookup(key)
             .filter(|(_, record)| record.state == WaiterState::Waiting)?;
-        let infeasible = deadline.map(|d| (self.deadline_timer(d), Rejection::Deadline));
+        // Past the timer, not at it: `misses_deadline` compares strictly (exactly a turn left
+        // still fits), so a look at the timer itself would find nothing to do and ask again.
+        let infeasible = deadline.map(|d| {
+            (
+                self.deadline_timer(d).saturating_add(PAST),
+                Rejection::Deadline,
+            )
+        });
         let capped = overload
             .discipline
             .cap_due(record.enqueued_at, overload.service.estimate())
             .map(|at| (at.saturating_add(PAST), Rejection::Timeout));
-        match (infeasible, capped) {
+        let next = match (infeasible, capped) {
             (Some(d), Some(c)) if c.0 < d.0 => Some(c),
             (Some(d), _) => Some(d),
             (None, c) => c,
-        }
+        };
+        // Never at or before the last look: a look that found nothing due asks again later,
+        // so no driver loops at one instant (the simulator's clock would never move).
+        next.map(|(at, reason)| (at.max(overload.now.saturating_add(PAST)), reason))
     }
 
     /// The waiter under `key` (with `deadline`) is looked at at `now`, as

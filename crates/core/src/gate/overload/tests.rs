@@ -518,7 +518,7 @@ fn a_waiter_is_looked_at_again_as_the_estimate_moves() {
     };
     assert_eq!(
         gate.next_check(key, Some(ms(1400))),
-        Some((ms(1000), Rejection::Deadline))
+        Some((ms(1000) + Duration::from_micros(1), Rejection::Deadline))
     );
     // Meanwhile turns became fast (the estimate is the gate's, whoever ran them): 40 turns of
     // 1 ms, recorded straight into the estimate.
@@ -593,4 +593,47 @@ fn a_waiter_is_looked_at_again_as_the_estimate_moves() {
     let (claim, _) = queue.claim(keys[2], || ms(210));
     assert_eq!(claim, Claim::Admitted(None));
     queue.check_invariants();
+}
+
+#[test]
+fn a_look_that_finds_nothing_due_asks_again_later_never_at_the_same_instant() {
+    // `python -m benchmarks --quick` hung in the simulator: a look at exactly deadline minus
+    // the estimate found exactly one turn left (which still fits) and asked to look again at
+    // that same instant, for ever, with the simulated clock never moving.
+    let gate: Gate<Note> = Gate::new(ConcurrencyLimit::new(1, 8, "reject", 0).unwrap());
+    gate.enable_overload(None, Discipline::Fifo);
+    let ms = Duration::from_millis;
+    // A 400 ms estimate, the slot taken, a waiter with a deadline at 1400 ms.
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, None, || ms(0));
+    assert_eq!(arrival, Arrival::Admitted(None));
+    let (in_flight, _) = gate.turn_started(ms(0));
+    let end = TurnEnd {
+        started_at: ms(0),
+        ended_at: ms(400),
+        in_flight,
+        outcome: Outcome::Success,
+        remaining: None,
+    };
+    drop(TurnSlot::new(None).finish(&gate, None, end));
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, None, || ms(400));
+    assert_eq!(arrival, Arrival::Admitted(None));
+    let (arrival, _) = gate.arrive_by(None, None, Decision::Admit, Some(ms(1400)), || ms(400));
+    let Arrival::Queued(key) = arrival else {
+        panic!("{arrival:?}")
+    };
+    let (first, reason) = gate.next_check(key, Some(ms(1400))).unwrap();
+    assert!(
+        first > ms(1000) && reason == Rejection::Deadline,
+        "{first:?}"
+    );
+    // A look at exactly 1000 ms (400 ms left for a 400 ms turn: it still fits) refuses
+    // nothing, and the next look it asks for is later than that look.
+    let (refused, _) = gate.recheck(key, Some(ms(1400)), ms(1000));
+    assert!(!refused);
+    let (again, _) = gate.next_check(key, Some(ms(1400))).unwrap();
+    assert!(again > ms(1000), "{again:?}");
+    // At the look it asked for, the waiter is refused.
+    let (refused, _) = gate.recheck(key, Some(ms(1400)), again);
+    assert!(refused);
+    gate.check_invariants();
 }
