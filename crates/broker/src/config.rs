@@ -89,6 +89,11 @@ pub struct Flags {
     /// system's roots.
     #[arg(long, value_name = "FILE")]
     pub fleet_tls_ca_file: Option<PathBuf>,
+    /// When a fleet lease counts: `primary` (once the primary holds it) or `replicated` (once
+    /// `WAIT 1` confirms a replica holds it: exact through a failover, one more round trip).
+    /// Default primary.
+    #[arg(long, value_name = "MODE")]
+    pub fleet_durability: Option<String>,
     /// Serve /metrics (Prometheus), /livez and /readyz on this address. Default: none.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
@@ -147,6 +152,7 @@ struct FileSettings {
     fleet_key: Option<String>,
     fleet_on_error: Option<String>,
     fleet_tls_ca_file: Option<PathBuf>,
+    fleet_durability: Option<String>,
     metrics_listen: Option<SocketAddr>,
     drain_timeout: Option<f64>,
     first_bytes_timeout: Option<f64>,
@@ -209,6 +215,7 @@ pub struct Config {
     pub fleet_key: String,
     pub fleet_on_error: String,
     pub fleet_tls_ca_file: Option<PathBuf>,
+    pub fleet_durability: String,
     pub metrics_listen: Option<SocketAddr>,
     pub drain_timeout: Duration,
     pub first_bytes_timeout: Duration,
@@ -403,6 +410,12 @@ impl Config {
                 "fleet_on_error must be local or reject, got {fleet_on_error:?}"
             ));
         }
+        let fleet_durability = pick!(fleet_durability).unwrap_or_else(|| "primary".into());
+        if fleet_durability != "primary" && fleet_durability != "replicated" {
+            return err(format!(
+                "fleet_durability must be primary or replicated, got {fleet_durability:?}"
+            ));
+        }
         let queue_timeout = match pick!(queue_timeout) {
             Some(v) => Some(seconds("queue_timeout", v, false)?),
             None => None,
@@ -433,6 +446,7 @@ impl Config {
             fleet_key: pick!(fleet_key).unwrap_or_else(|| "agent:default".into()),
             fleet_on_error,
             fleet_tls_ca_file: pick!(fleet_tls_ca_file),
+            fleet_durability,
             metrics_listen: pick!(metrics_listen),
             drain_timeout: seconds("drain_timeout", pick!(drain_timeout).unwrap_or(15.0), true)?,
             first_bytes_timeout: seconds(

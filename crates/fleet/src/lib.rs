@@ -238,8 +238,9 @@ mod scripts;
 mod stats;
 mod subscriber;
 mod tickets;
+mod topology;
 
-pub use config::{ConfigError, FleetConfig, OnBackendError};
+pub use config::{ConfigError, Durability, FleetConfig, OnBackendError};
 pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};
 pub use learned::{FleetLearner, LimitSource};
