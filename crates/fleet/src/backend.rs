@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{RedisFuture, RedisResult, Value};
 use tokio::runtime::Handle;
 
@@ -41,14 +40,22 @@ pub(crate) struct Failure(pub(crate) String);
 enum Target {
     Single(redis::Client),
     /// Asked for the primary at every (re)connection, so a failover is followed by dialling
-    /// again. A tokio mutex: a resolution is a few round trips to the sentinels.
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
+    /// again.
+    Sentinel(Sentinels),
     /// The cluster client (MOVED, ASK and TRYAGAIN are followed inside it), and one client per
     /// seed node for the pub/sub connection (plain PUBLISH reaches every node of a cluster).
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         seeds: Vec<redis::Client>,
     },
+}
+
+/// The sentinels of a `redis+sentinel://` URL and what it takes to dial the primary they name.
+struct Sentinels {
+    sentinels: Vec<redis::Client>,
+    nodes: topology::Nodes,
+    url: String,
+    root_cert: Option<Vec<u8>>,
 }
 
 /// A connection to the fleet's Redis, whatever its topology: the shared, multiplexed
@@ -197,8 +204,8 @@ impl Backend {
                 connection: Connection::Single(self.manager(client.clone())?),
                 node: Some(client.clone()),
             },
-            Target::Sentinel(sentinel) => {
-                let client = self.resolve_primary(sentinel).await?;
+            Target::Sentinel(sentinels) => {
+                let client = self.resolve_primary(sentinels).await?;
                 Live {
                     connection: Connection::Single(self.manager(client.clone())?),
                     node: Some(client),
@@ -233,24 +240,107 @@ impl Backend {
             .map_err(|e| self.failure(&e))
     }
 
-    /// Asks the sentinels for the primary (checked by the driver with ROLE), bounded by
-    /// `connect_timeout`; counts a failover when it is not the one named last time.
-    async fn resolve_primary(
-        &self,
-        sentinel: &tokio::sync::Mutex<SentinelClient>,
-    ) -> Result<redis::Client, Failure> {
-        let resolved = tokio::time::timeout(self.connect_timeout, async {
-            sentinel.lock().await.async_get_client().await
-        })
-        .await
-        .map_err(|_| {
-            Failure(format!(
-                "the sentinels named no primary within {:?}",
-                self.connect_timeout
-            ))
-        })?
+    /// Asks every sentinel for the primary, bounded by `connect_timeout`, and takes the one
+    /// named with the highest configuration epoch (and not taken for down), checked with
+    /// `ROLE`; counts a failover when it is not the one named last time.
+    ///
+    /// Not the driver's `redis::sentinel` lookup, which takes the first sentinel (in the
+    /// order written) that names a server answering ROLE as a primary: right after a failover
+    /// a sentinel that has not heard of it yet still names the old primary, and if that server
+    /// was restarted meanwhile it answers as an (empty) primary until the sentinels turn it
+    /// into a replica. Writing there would lose the leases. The epoch is how the sentinels
+    /// themselves tell the newer configuration from the older.
+    async fn resolve_primary(&self, sentinels: &Sentinels) -> Result<redis::Client, Failure> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.connect_timeout));
+        let ask = |sentinel: &redis::Client| {
+            let config = config.clone();
+            let sentinel = sentinel.clone();
+            async move {
+                let asked = async {
+                    let mut con = sentinel
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?;
+                    redis::cmd("SENTINEL")
+                        .arg("MASTER")
+                        .arg(&sentinels.nodes.service)
+                        .query_async::<std::collections::HashMap<String, String>>(&mut con)
+                        .await
+                };
+                tokio::time::timeout(self.connect_timeout, asked).await
+            }
+        };
+        let answers = futures_util::future::join_all(sentinels.sentinels.iter().map(ask)).await;
+        let mut best: Option<(u64, String, u16)> = None;
+        let mut last_error = None;
+        for answer in answers {
+            let master = match answer {
+                Ok(Ok(master)) => master,
+                Ok(Err(e)) => {
+                    last_error = Some(self.failure(&e).0);
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let flags = master.get("flags").map(String::as_str).unwrap_or("");
+            if flags.contains("s_down") || flags.contains("o_down") {
+                continue;
+            }
+            let epoch = master
+                .get("config-epoch")
+                .and_then(|e| e.parse::<u64>().ok())
+                .unwrap_or(0);
+            let (Some(ip), Some(port)) = (
+                master.get("ip"),
+                master.get("port").and_then(|p| p.parse::<u16>().ok()),
+            ) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|(known, _, _)| epoch > *known) {
+                best = Some((epoch, ip.clone(), port));
+            }
+        }
+        let Some((_, ip, port)) = best else {
+            return Err(Failure(format!(
+                "no sentinel named a primary for {:?} within {:?}{}",
+                sentinels.nodes.service,
+                self.connect_timeout,
+                last_error.map(|e| format!(" ({e})")).unwrap_or_default()
+            )));
+        };
+        let url = sentinels.nodes.node_url(&ip, port, &sentinels.url);
+        let resolved = match &sentinels.root_cert {
+            None => redis::Client::open(url.as_str()),
+            Some(root) => redis::Client::build_with_tls(
+                url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root.clone()),
+                },
+            ),
+        }
         .map_err(|e| self.failure(&e))?;
-        let address = resolved.get_connection_info().addr().to_string();
+        // Demoted (or not yet promoted): not the primary.
+        let role = async {
+            let mut con = resolved
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("ROLE")
+                .query_async::<Vec<redis::Value>>(&mut con)
+                .await
+        };
+        match tokio::time::timeout(self.connect_timeout, role).await {
+            Ok(Ok(role)) if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") =>
+                {}
+            Ok(Err(e)) => return Err(self.failure(&e)),
+            _ => {
+                return Err(Failure(format!(
+                    "the primary the sentinels name, {ip}:{port}, is not a primary (yet)"
+                )))
+            }
+        }
+        let address = format!("{ip}:{port}");
         let mut primary = self.primary.lock().unwrap_or_else(|e| e.into_inner());
         if primary.as_ref().is_some_and(|known| *known != address) {
             self.failovers.fetch_add(1, Ordering::Relaxed);
@@ -576,32 +666,28 @@ fn build_target(config: &FleetConfig) -> Result<(Target, Kind), ConfigError> {
     };
     match nodes.kind {
         Kind::Sentinel => {
-            let addrs = nodes
+            // The sentinels are asked without the nodes' credentials.
+            let sentinels = nodes
                 .addrs
                 .iter()
-                .map(|(host, port)| nodes.addr(host, *port));
-            let mut builder =
-                SentinelClientBuilder::new(addrs, &nodes.service, SentinelServerType::Master)
-                    .map_err(url_error)?
-                    .set_client_to_redis_db(nodes.db);
-            if let Some(username) = &nodes.username {
-                builder = builder.set_client_to_redis_username(username);
-            }
-            if let Some(password) = &nodes.password {
-                builder = builder.set_client_to_redis_password(password);
-            }
-            if nodes.tls {
-                builder = builder
-                    .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
-                    .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-                if root_cert.is_some() {
-                    builder = builder
-                        .set_client_to_redis_certificates(certificates())
-                        .set_client_to_sentinel_certificates(certificates());
-                }
-            }
-            let sentinel = builder.build().map_err(url_error)?;
-            Ok((Target::Sentinel(tokio::sync::Mutex::new(sentinel)), kind))
+                .map(|(host, port)| {
+                    let url = nodes.bare_url(host, *port);
+                    match &root_cert {
+                        None => redis::Client::open(url.as_str()),
+                        Some(_) => redis::Client::build_with_tls(url.as_str(), certificates()),
+                    }
+                })
+                .collect::<RedisResult<Vec<_>>>()
+                .map_err(url_error)?;
+            Ok((
+                Target::Sentinel(Sentinels {
+                    sentinels,
+                    nodes: nodes.clone(),
+                    url: config.url.clone(),
+                    root_cert: root_cert.clone(),
+                }),
+                kind,
+            ))
         }
         _ => {
             let urls: Vec<String> = nodes
@@ -632,7 +718,13 @@ fn build_target(config: &FleetConfig) -> Result<(Target, Kind), ConfigError> {
                 })
                 .collect::<RedisResult<Vec<_>>>()
                 .map_err(url_error)?;
-            Ok((Target::Cluster { client, seeds }, kind))
+            Ok((
+                Target::Cluster {
+                    client: Box::new(client),
+                    seeds,
+                },
+                kind,
+            ))
         }
     }
 }

@@ -41,8 +41,6 @@ pub(crate) struct Nodes {
     /// Sentinel only: the monitored primary's name.
     pub(crate) service: String,
     pub(crate) db: i64,
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<String>,
 }
 
 /// The URL's scheme: its kind and whether it speaks TLS; `None` for an unknown scheme.
@@ -119,48 +117,31 @@ pub(crate) fn parse_nodes(url: &str) -> Result<Nodes, &'static str> {
     if kind == Kind::Cluster && db != 0 {
         return Err("has a db other than 0 (Redis Cluster has only db 0)");
     }
-    // The credentials as the driver reads them (percent-decoded), through a one-node URL.
-    let (username, password) = match userinfo {
-        Some(userinfo) => {
-            let (first_host, _) = hosts.split_once(',').unwrap_or((hosts, ""));
-            let info = format!("{base}://{userinfo}@{first_host}")
-                .into_connection_info()
-                .map_err(|_| {
-                    "has user-info that does not parse (percent-encode any / ? # @ , or % in \
-                     the password)"
-                })?;
-            let settings = info.redis_settings();
-            (
-                settings.username().map(str::to_owned),
-                settings.password().map(str::to_owned),
-            )
-        }
-        None => (None, None),
-    };
+    // The credentials must parse as the driver reads them (through a one-node URL), since
+    // each node is dialled with them.
+    if let Some(userinfo) = userinfo {
+        let (first_host, _) = hosts.split_once(',').unwrap_or((hosts, ""));
+        format!("{base}://{userinfo}@{first_host}")
+            .into_connection_info()
+            .map_err(|_| {
+                "has user-info that does not parse (percent-encode any / ? # @ , or % in the \
+                 password)"
+            })?;
+    }
     Ok(Nodes {
         kind,
         tls,
         addrs,
         service,
         db,
-        username,
-        password,
     })
 }
 
 impl Nodes {
-    /// The driver's address of node `(host, port)`.
-    pub(crate) fn addr(&self, host: &str, port: u16) -> ConnectionAddr {
-        if self.tls {
-            ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(host.to_owned(), port)
-        }
+    /// A one-node URL for `(host, port)` without credentials (a sentinel's).
+    pub(crate) fn bare_url(&self, host: &str, port: u16) -> String {
+        let base = if self.tls { "rediss" } else { "redis" };
+        format!("{base}://{}:{port}", bracketed(host))
     }
 
     /// A one-node URL for `(host, port)` with the credentials, for the driver's `Client::open`.
@@ -171,12 +152,16 @@ impl Nodes {
             .rsplit_once('@')
             .map(|(userinfo, _)| format!("{userinfo}@"))
             .unwrap_or_default();
-        let host = if host.contains(':') {
-            format!("[{host}]")
-        } else {
-            host.to_owned()
-        };
-        format!("{base}://{userinfo}{host}:{port}/{}", self.db)
+        format!("{base}://{userinfo}{}:{port}/{}", bracketed(host), self.db)
+    }
+}
+
+/// An IPv6 address in brackets, as a URL writes it.
+fn bracketed(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
     }
 }
 
@@ -195,12 +180,19 @@ mod tests {
         );
         assert_eq!(n.service, "mymaster");
         assert_eq!(n.db, 3);
-        assert_eq!(n.username.as_deref(), Some("u"));
-        assert_eq!(n.password.as_deref(), Some("p,w"));
+        let url = "redis+sentinel://u:p%2Cw@10.0.0.1:26379,h2:26380/mymaster/3";
+        assert_eq!(
+            n.node_url("10.0.0.2", 6379, url),
+            "redis://u:p%2Cw@10.0.0.2:6379/3"
+        );
+        assert_eq!(n.bare_url("h2", 26380), "redis://h2:26380");
         let n = parse_nodes("rediss+sentinel://h:1/svc").unwrap();
         assert!(n.tls);
         assert_eq!(n.db, 0);
-        assert_eq!(n.password, None);
+        assert_eq!(
+            n.node_url("h", 1, "rediss+sentinel://h:1/svc"),
+            "rediss://h:1/0"
+        );
     }
 
     #[test]
@@ -209,7 +201,6 @@ mod tests {
         assert_eq!(n.kind, Kind::Cluster);
         assert_eq!(n.addrs.len(), 3);
         assert_eq!(n.addrs[2].0, "::1");
-        assert_eq!(n.password.as_deref(), Some("pw"));
         assert_eq!(
             n.node_url("::1", 7002, "rediss+cluster://:pw@a:7000"),
             "rediss://:pw@[::1]:7002/0"

@@ -504,15 +504,16 @@ pub struct SentinelSet {
 impl SentinelSet {
     /// Starts the five processes and waits until the sentinels know each other and the replica.
     pub fn start() -> Self {
-        let primary = RedisServer::start_with("primary", &[]);
-        let replica = RedisServer::start_with(
-            "replica",
-            &[
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                primary.port.to_string(),
-            ],
-        );
+        // A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
+        let quick = ["--repl-diskless-sync-delay".to_owned(), "0".to_owned()];
+        let primary = RedisServer::start_with("primary", &quick);
+        let mut replica_args = quick.to_vec();
+        replica_args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            primary.port.to_string(),
+        ]);
+        let replica = RedisServer::start_with("replica", &replica_args);
         let sentinels = (0..3)
             .map(|_| RedisServer::start_sentinel(primary.port))
             .collect();
@@ -755,5 +756,29 @@ impl ClusterSet {
                 .command(&["CLUSTER", "SETSLOT", &slot_text, "NODE", to_id]);
             assert_eq!(reply, "OK", "SETSLOT NODE on {port}");
         }
+    }
+}
+
+/// When the first of the sentinels on `ports` named a primary other than the one on `old`.
+pub fn first_naming(ports: &[u16], old: u16, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        for port in ports {
+            let Ok(mut stream) = TcpStream::connect(("127.0.0.1", *port)) else {
+                continue;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let request =
+                "*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n$8\r\nmymaster\r\n";
+            if stream.write_all(request.as_bytes()).is_err() {
+                continue;
+            }
+            let reply = read_reply(&mut stream);
+            if reply.lines().nth(1).is_some_and(|p| p != old.to_string()) {
+                return Instant::now();
+            }
+        }
+        assert!(Instant::now() < deadline, "no sentinel named a new primary");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
