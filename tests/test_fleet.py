@@ -98,6 +98,9 @@ SECRET = "hunter2-Secret"
         ({"url": f"http://user:{SECRET}@h:1"}, "url", "http:// URL of 30 characters, not shown"),
         ({"url": b"redis://h"}, "url", "a bytes"),
         ({"url": "rediss://h:1/#insecure"}, "url", "#insecure"),
+        ({"url": "redis+sentinel://h:1,h:2"}, "url", "needs the monitored primary's name"),
+        ({"url": "redis+cluster://h:1/2"}, "url", "only db 0"),
+        ({"url": "redis+cluster://h:1,,h:2"}, "url", "empty host"),
         ({"key": ""}, "key", "''"),
         ({"key": "a{b}"}, "key", "'a{b}'"),
         ({"key": 7}, "key", "7"),
@@ -114,6 +117,8 @@ SECRET = "hunter2-Secret"
         ({"command_timeout_s": 6.0}, "command_timeout_s", "6.0"),
         ({"on_backend_error": "Local"}, "on_backend_error", "'Local'"),
         ({"on_backend_error": 1}, "on_backend_error", "1"),
+        ({"durability": "quorum"}, "durability", "'quorum'"),
+        ({"durability": 2}, "durability", "2"),
         ({"replica_id": "pod 1"}, "replica_id", "'pod 1'"),
         ({"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file", "needs a rediss:// url"),
         (

@@ -240,9 +240,11 @@ impl Backend {
             .map_err(|e| self.failure(&e))
     }
 
-    /// Asks every sentinel for the primary, bounded by `connect_timeout`, and takes the one
-    /// named with the highest configuration epoch (and not taken for down), checked with
-    /// `ROLE`; counts a failover when it is not the one named last time.
+    /// Asks every sentinel for the primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`, and `SENTINEL
+    /// MASTER` for its epoch and flags), bounded by `connect_timeout`, and takes the one a
+    /// sentinel names while it promotes it, else the one named with the highest configuration
+    /// epoch and not taken for down; then checks it with `ROLE`. Counts a failover when it is
+    /// not the one named last time.
     ///
     /// Not the driver's `redis::sentinel` lookup, which takes the first sentinel (in the
     /// order written) that names a server answering ROLE as a primary: right after a failover
@@ -262,43 +264,55 @@ impl Backend {
                     let mut con = sentinel
                         .get_multiplexed_async_connection_with_config(&config)
                         .await?;
-                    redis::cmd("SENTINEL")
+                    redis::pipe()
+                        .cmd("SENTINEL")
                         .arg("MASTER")
                         .arg(&sentinels.nodes.service)
-                        .query_async::<std::collections::HashMap<String, String>>(&mut con)
+                        .cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(&sentinels.nodes.service)
+                        .query_async::<(std::collections::HashMap<String, String>, Vec<String>)>(
+                            &mut con,
+                        )
                         .await
                 };
                 tokio::time::timeout(self.connect_timeout, asked).await
             }
         };
         let answers = futures_util::future::join_all(sentinels.sentinels.iter().map(ask)).await;
-        let mut best: Option<(u64, String, u16)> = None;
+        // Ranked by (mid-failover, epoch): a sentinel whose address differs from its master's
+        // record is finishing a failover it leads and names the promoted replica (the newest
+        // knowledge there is); otherwise the highest configuration epoch wins.
+        let mut best: Option<((bool, u64), String, u16)> = None;
         let mut last_error = None;
         for answer in answers {
-            let master = match answer {
-                Ok(Ok(master)) => master,
+            let (master, address) = match answer {
+                Ok(Ok(answer)) => answer,
                 Ok(Err(e)) => {
                     last_error = Some(self.failure(&e).0);
                     continue;
                 }
                 Err(_) => continue,
             };
+            let (Some(ip), Some(port)) = (
+                address.first(),
+                address.get(1).and_then(|p| p.parse::<u16>().ok()),
+            ) else {
+                continue;
+            };
+            let promoting = master.get("ip") != Some(ip)
+                || master.get("port").and_then(|p| p.parse::<u16>().ok()) != Some(port);
             let flags = master.get("flags").map(String::as_str).unwrap_or("");
-            if flags.contains("s_down") || flags.contains("o_down") {
+            if !promoting && (flags.contains("s_down") || flags.contains("o_down")) {
                 continue;
             }
             let epoch = master
                 .get("config-epoch")
                 .and_then(|e| e.parse::<u64>().ok())
                 .unwrap_or(0);
-            let (Some(ip), Some(port)) = (
-                master.get("ip"),
-                master.get("port").and_then(|p| p.parse::<u16>().ok()),
-            ) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|(known, _, _)| epoch > *known) {
-                best = Some((epoch, ip.clone(), port));
+            let rank = (promoting, epoch);
+            if best.as_ref().is_none_or(|(known, _, _)| rank > *known) {
+                best = Some((rank, ip.clone(), port));
             }
         }
         let Some((_, ip, port)) = best else {

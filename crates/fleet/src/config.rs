@@ -293,7 +293,7 @@ impl FleetConfig {
                     "{:?}",
                     self.tls_ca_file.as_ref().map(|p| p.display().to_string())
                 ),
-                "needs a rediss:// (or rediss+sentinel://, rediss+cluster://) url",
+                "needs a rediss:// url (or rediss+sentinel://, rediss+cluster://)",
             ));
         }
         Ok(())

@@ -21,6 +21,8 @@ use admitgate_fleet::{FleetConfig, FleetLimit};
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
+    /// redis-server, or redis-sentinel.
+    binary: PathBuf,
     args: Vec<String>,
     child: Mutex<Option<Child>>,
     starts: Mutex<u32>,
@@ -86,6 +88,21 @@ pub fn redis_server_path() -> PathBuf {
     fallback
 }
 
+/// Debian's `redis-sentinel` (installed by `scripts/redis-server`), next to redis-server or on
+/// `PATH`.
+pub fn redis_sentinel_path() -> PathBuf {
+    let beside = redis_server_path().with_file_name("redis-sentinel");
+    if beside.is_file() {
+        return beside;
+    }
+    let fallback = PathBuf::from("/usr/bin/redis-sentinel");
+    assert!(
+        fallback.is_file(),
+        "redis-sentinel not found: run scripts/redis-server (it installs Debian's redis-sentinel)"
+    );
+    fallback
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -147,7 +164,8 @@ impl RedisServer {
         let server = RedisServer {
             port,
             dir,
-            args: vec![conf.display().to_string(), "--sentinel".into()],
+            binary: redis_sentinel_path(),
+            args: vec![conf.display().to_string()],
             child: Mutex::new(None),
             starts: Mutex::new(0),
             tls: false,
@@ -211,6 +229,7 @@ impl RedisServer {
         let server = RedisServer {
             port,
             dir,
+            binary: redis_server_path(),
             args,
             child: Mutex::new(None),
             starts: Mutex::new(0),
@@ -226,7 +245,7 @@ impl RedisServer {
         let mut starts = self.starts.lock().unwrap();
         *starts += 1;
         let log = self.dir.join(format!("redis-{}.log", *starts));
-        let mut command = Command::new(redis_server_path());
+        let mut command = Command::new(&self.binary);
         command
             .args(&self.args)
             .arg("--logfile")
