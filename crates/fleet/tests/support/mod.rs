@@ -659,6 +659,9 @@ impl ClusterSet {
                         "yes".into(),
                         "--cluster-node-timeout".into(),
                         "2000".into(),
+                        // A replica's first sync starts at once (Redis 7 waits 5 s).
+                        "--repl-diskless-sync-delay".into(),
+                        "0".into(),
                     ],
                 )
             })
@@ -684,6 +687,17 @@ impl ClusterSet {
                 .iter()
                 .all(|n| n.command(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
         });
+        eventually_blocking(
+            Duration::from_secs(30),
+            "every primary has its replica",
+            || {
+                set.primaries().iter().all(|(_, port, _)| {
+                    set.node(*port)
+                        .command(&["INFO", "replication"])
+                        .contains("state=online")
+                })
+            },
+        );
         set
     }
 
