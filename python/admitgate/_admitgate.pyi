@@ -502,7 +502,8 @@ class FleetLimit:
     ``command_timeout_s`` defaults to 1 s, or half of ``lease_ttl_s`` when that is shorter.
     ``durability="replicated"`` counts a grant only once ``WAIT 1`` confirms a replica holds
     it (one more round trip; the cap stays exact through a failover); a call no replica
-    confirms is handled as an outage (``on_backend_error``). Every argument is validated (``ValueError`` naming it); the password never appears in a
+    confirms is handled as an outage (``on_backend_error``). ``tls_cert_file`` and
+    ``tls_key_file`` present a client certificate (mutual TLS). Every argument is validated (``ValueError`` naming it); the password never appears in a
     repr, an error or a log line. Building one starts no thread: admitgate's runtime starts
     with the first call that talks to Redis.
     """
@@ -521,6 +522,8 @@ class FleetLimit:
         replica_id: str | None = None,
         tls_ca_file: str | os.PathLike[str] | None = None,
         durability: Literal["primary", "replicated"] | None = "primary",
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
     ) -> FleetLimit: ...
     @property
     def url(self) -> str:
@@ -552,6 +555,12 @@ class FleetLimit:
     @property
     def tls_ca_file(self) -> str | None:
         """The CA file for a ``rediss://`` server with a private CA."""
+    @property
+    def tls_cert_file(self) -> str | None:
+        """The client certificate presented to servers that require one (mutual TLS)."""
+    @property
+    def tls_key_file(self) -> str | None:
+        """The client certificate's private key file."""
     @property
     def durability(self) -> Literal["primary", "replicated"]:
         """When a grant counts: once the primary holds it, or once a replica confirms it."""

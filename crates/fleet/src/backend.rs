@@ -55,7 +55,7 @@ struct Sentinels {
     sentinels: Vec<redis::Client>,
     nodes: topology::Nodes,
     url: String,
-    root_cert: Option<Vec<u8>>,
+    tls: Option<redis::TlsCertificates>,
 }
 
 /// A connection to the fleet's Redis, whatever its topology: the shared, multiplexed
@@ -324,13 +324,16 @@ impl Backend {
             )));
         };
         let url = sentinels.nodes.node_url(&ip, port, &sentinels.url);
-        let resolved = match &sentinels.root_cert {
+        let resolved = match &sentinels.tls {
             None => redis::Client::open(url.as_str()),
-            Some(root) => redis::Client::build_with_tls(
+            Some(tls) => redis::Client::build_with_tls(
                 url.as_str(),
                 redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root.clone()),
+                    client_tls: tls.client_tls.as_ref().map(|c| redis::ClientTlsConfig {
+                        client_cert: c.client_cert.clone(),
+                        client_key: c.client_key.clone(),
+                    }),
+                    root_cert: tls.root_cert.clone(),
                 },
             ),
         }
@@ -667,15 +670,18 @@ fn build_target(config: &FleetConfig) -> Result<(Target, Kind), ConfigError> {
     let nodes = topology::parse_nodes(&config.url).map_err(|reason| {
         ConfigError::new("url", format!("{:?}", config.redacted_url()), reason)
     })?;
-    let root_cert = match &config.tls_ca_file {
-        Some(path) => Some(read_ca(path)?),
-        None => None,
-    };
+    let tls = tls_certificates(config)?;
+    let root_cert = tls.as_ref().and_then(|t| t.root_cert.clone());
     if nodes.tls {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
     let certificates = || redis::TlsCertificates {
-        client_tls: None,
+        client_tls: tls.as_ref().and_then(|t| {
+            t.client_tls.as_ref().map(|c| redis::ClientTlsConfig {
+                client_cert: c.client_cert.clone(),
+                client_key: c.client_key.clone(),
+            })
+        }),
         root_cert: root_cert.clone(),
     };
     match nodes.kind {
@@ -686,7 +692,7 @@ fn build_target(config: &FleetConfig) -> Result<(Target, Kind), ConfigError> {
                 .iter()
                 .map(|(host, port)| {
                     let url = nodes.bare_url(host, *port);
-                    match &root_cert {
+                    match &tls {
                         None => redis::Client::open(url.as_str()),
                         Some(_) => redis::Client::build_with_tls(url.as_str(), certificates()),
                     }
@@ -698,7 +704,7 @@ fn build_target(config: &FleetConfig) -> Result<(Target, Kind), ConfigError> {
                     sentinels,
                     nodes: nodes.clone(),
                     url: config.url.clone(),
-                    root_cert: root_cert.clone(),
+                    tls: tls.as_ref().map(|_| certificates()),
                 }),
                 kind,
             ))
@@ -719,14 +725,14 @@ fn build_target(config: &FleetConfig) -> Result<(Target, Kind), ConfigError> {
                 .max_retry_wait(100);
             if nodes.tls {
                 builder = builder.tls(redis::TlsMode::Secure);
-                if root_cert.is_some() {
+                if tls.is_some() {
                     builder = builder.certs(certificates());
                 }
             }
             let client = builder.build().map_err(url_error)?;
             let seeds = urls
                 .iter()
-                .map(|url| match &root_cert {
+                .map(|url| match &tls {
                     None => redis::Client::open(url.as_str()),
                     Some(_) => redis::Client::build_with_tls(url.as_str(), certificates()),
                 })
@@ -759,20 +765,55 @@ fn build_client(config: &FleetConfig) -> Result<redis::Client, ConfigError> {
         // chose one already.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    match &config.tls_ca_file {
+    match tls_certificates(config)? {
         None => redis::Client::open(config.url.as_str()).map_err(url_error),
-        Some(path) => {
-            let root_cert = read_ca(path)?;
-            redis::Client::build_with_tls(
-                config.url.as_str(),
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            )
-            .map_err(url_error)
+        Some(certificates) => {
+            redis::Client::build_with_tls(config.url.as_str(), certificates).map_err(url_error)
         }
     }
+}
+
+/// The CA and client certificate files, read; `None` when neither is given (the system's
+/// roots, no client certificate).
+fn tls_certificates(config: &FleetConfig) -> Result<Option<redis::TlsCertificates>, ConfigError> {
+    let root_cert = match &config.tls_ca_file {
+        Some(path) => Some(read_ca(path)?),
+        None => None,
+    };
+    let client_tls = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read_pem("tls_cert_file", cert, "CERTIFICATE-----")?,
+            client_key: read_pem("tls_key_file", key, "PRIVATE KEY-----")?,
+        }),
+        _ => None,
+    };
+    if root_cert.is_none() && client_tls.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+/// A PEM file holding a block whose `-----BEGIN ...` line ends with `marker`. Its content is
+/// never shown (a key is a secret); only its path.
+fn read_pem(field: &'static str, path: &Path, marker: &str) -> Result<Vec<u8>, ConfigError> {
+    let shown = || format!("{:?}", path.display().to_string());
+    let pem = std::fs::read(path)
+        .map_err(|e| ConfigError::new(field, shown(), format!("cannot be read: {e}")))?;
+    let text = String::from_utf8_lossy(&pem);
+    let found = text
+        .lines()
+        .any(|line| line.starts_with("-----BEGIN ") && line.ends_with(marker));
+    if !found {
+        return Err(ConfigError::new(
+            field,
+            shown(),
+            format!("holds no PEM block ending in {marker:?}"),
+        ));
+    }
+    Ok(pem)
 }
 
 fn read_ca(path: &Path) -> Result<Vec<u8>, ConfigError> {

@@ -175,6 +175,11 @@ pub struct FleetConfig {
     pub tls_ca_file: Option<PathBuf>,
     /// When a grant counts: on the primary alone (the default) or once a replica confirms it.
     pub durability: Durability,
+    /// A PEM client certificate for servers that require one (`tls-auth-clients yes`, managed
+    /// services with mutual TLS), with `tls_key_file`; `rediss` URLs only.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl FleetConfig {
@@ -197,6 +202,8 @@ impl FleetConfig {
             probe_interval: Duration::from_secs(1),
             tls_ca_file: None,
             durability: Durability::Primary,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 
@@ -286,6 +293,38 @@ impl FleetConfig {
             Duration::from_secs(60),
         )?;
         validate_replica_id(&self.replica_id)?;
+        let shown_path = |path: &Option<PathBuf>| {
+            format!("{:?}", path.as_ref().map(|p| p.display().to_string()))
+        };
+        for (field, path) in [
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ] {
+            if path.is_some() && !self.url.starts_with("rediss") {
+                return Err(ConfigError::new(
+                    field,
+                    shown_path(path),
+                    "needs a rediss:// url (or rediss+sentinel://, rediss+cluster://)",
+                ));
+            }
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "tls_cert_file",
+                    shown_path(&self.tls_cert_file),
+                    "needs tls_key_file (its private key) too",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "tls_key_file",
+                    shown_path(&self.tls_key_file),
+                    "needs tls_cert_file (the client certificate) too",
+                ))
+            }
+            _ => {}
+        }
         if self.tls_ca_file.is_some() && !self.url.starts_with("rediss") {
             return Err(ConfigError::new(
                 "tls_ca_file",
@@ -318,6 +357,8 @@ impl fmt::Debug for FleetConfig {
             probe_interval,
             tls_ca_file,
             durability,
+            tls_cert_file,
+            tls_key_file,
         } = self;
         f.debug_struct("FleetConfig")
             .field("url", &self.redacted_url())
@@ -334,6 +375,8 @@ impl fmt::Debug for FleetConfig {
             .field("probe_interval", probe_interval)
             .field("tls_ca_file", tls_ca_file)
             .field("durability", durability)
+            .field("tls_cert_file", tls_cert_file)
+            .field("tls_key_file", tls_key_file)
             .finish()
     }
 }

@@ -203,12 +203,13 @@ impl PyFleetLimit {
         signature = (
             url, key, max_in_flight, *, max_in_flight_per_scope=None, lease_ttl_s=None,
             on_backend_error=None, connect_timeout_s=None, command_timeout_s=None,
-            replica_id=None, tls_ca_file=None, durability=None
+            replica_id=None, tls_ca_file=None, durability=None, tls_cert_file=None,
+            tls_key_file=None
         ),
         text_signature = "(url, key, max_in_flight, *, max_in_flight_per_scope=0, \
                           lease_ttl_s=10.0, on_backend_error='local', connect_timeout_s=2.0, \
                           command_timeout_s=1.0, replica_id=None, tls_ca_file=None, \
-                          durability='primary')"
+                          durability='primary', tls_cert_file=None, tls_key_file=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -224,6 +225,8 @@ impl PyFleetLimit {
         replica_id: Option<&Bound<'_, PyAny>>,
         tls_ca_file: Option<&Bound<'_, PyAny>>,
         durability: Option<&Bound<'_, PyAny>>,
+        tls_cert_file: Option<&Bound<'_, PyAny>>,
+        tls_key_file: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             // Never the repr of a URL that is not a str: it may carry the password.
@@ -275,13 +278,19 @@ impl PyFleetLimit {
                     true
                 }
             };
-            if let Some(path) = tls_ca_file.filter(|v| !v.is_none()) {
+            let path_arg = |name: &'static str, value: Option<&Bound<'_, PyAny>>| -> PyResult<_> {
+                let Some(path) = value.filter(|v| !v.is_none()) else {
+                    return Ok(None);
+                };
                 let fspath = py
                     .import("os")?
                     .call_method1("fspath", (path,))
-                    .map_err(|_| bad("tls_ca_file", "must be a path", &repr(path)))?;
-                config.tls_ca_file = Some(PathBuf::from(text("tls_ca_file", &fspath)?));
-            }
+                    .map_err(|_| bad(name, "must be a path", &repr(path)))?;
+                Ok(Some(PathBuf::from(text(name, &fspath)?)))
+            };
+            config.tls_ca_file = path_arg("tls_ca_file", tls_ca_file)?;
+            config.tls_cert_file = path_arg("tls_cert_file", tls_cert_file)?;
+            config.tls_key_file = path_arg("tls_key_file", tls_key_file)?;
             let redacted = config.redacted_url();
             let given = |arg: &str| -> String {
                 let value = match arg {
@@ -294,6 +303,9 @@ impl PyFleetLimit {
                     "command_timeout_s" => command_timeout_s,
                     "replica_id" => replica_id,
                     "tls_ca_file" => tls_ca_file,
+                    "tls_cert_file" => tls_cert_file,
+                    "tls_key_file" => tls_key_file,
+                    "durability" => durability,
                     _ => None,
                 };
                 match value.filter(|v| !v.is_none()) {
@@ -375,6 +387,24 @@ impl PyFleetLimit {
     #[getter]
     fn durability(&self) -> &'static str {
         self.config.durability.as_str()
+    }
+
+    /// The client certificate presented to servers that require one, or `None`.
+    #[getter]
+    fn tls_cert_file(&self) -> Option<String> {
+        self.config
+            .tls_cert_file
+            .as_ref()
+            .map(|p| p.display().to_string())
+    }
+
+    /// The client certificate's private key file, or `None`.
+    #[getter]
+    fn tls_key_file(&self) -> Option<String> {
+        self.config
+            .tls_key_file
+            .as_ref()
+            .map(|p| p.display().to_string())
     }
 
     /// The CA file for a `rediss://` server with a private CA, or `None`.

@@ -180,6 +180,22 @@ impl RedisServer {
         Self::launch_with(name, tls, password, &[])
     }
 
+    /// A TLS-only instance that requires a client certificate signed by its CA
+    /// (`tls-auth-clients yes`, mutual TLS as managed services offer) and `password`.
+    pub fn start_mtls(password: &str) -> Self {
+        Self::launch_with(
+            "mtls",
+            true,
+            Some(password.to_owned()),
+            &["--tls-auth-clients".into(), "yes".into()],
+        )
+    }
+
+    /// The client certificate and its key, signed by the instance's CA.
+    pub fn client_cert(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("client.crt"), self.dir.join("client.key"))
+    }
+
     fn launch_with(name: &str, tls: bool, password: Option<String>, extra: &[String]) -> Self {
         let dir = scratch_dir(name);
         let port = free_port();
@@ -463,6 +479,39 @@ fn make_certificates(dir: &Path) {
         "1",
         "-extfile",
         "server.ext",
+    ]);
+    let mut client = vec!["req"];
+    client.extend(ec);
+    client.extend([
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=admitgate test client",
+    ]);
+    openssl(&client);
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "client.ext",
     ]);
 }
 
