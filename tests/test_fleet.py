@@ -119,6 +119,17 @@ SECRET = "hunter2-Secret"
         ({"on_backend_error": 1}, "on_backend_error", "1"),
         ({"durability": "quorum"}, "durability", "'quorum'"),
         ({"durability": 2}, "durability", "2"),
+        ({"tls_cert_file": "/tmp/c.pem"}, "tls_cert_file", "needs a rediss:// url"),
+        (
+            {"url": "rediss://127.0.0.1:1/0", "tls_cert_file": "/tmp/c.pem"},
+            "tls_cert_file",
+            "needs tls_key_file",
+        ),
+        (
+            {"url": "rediss://127.0.0.1:1/0", "tls_cert_file": "/x/c", "tls_key_file": "/x/k"},
+            "tls_cert_file",
+            "cannot be read",
+        ),
         ({"replica_id": "pod 1"}, "replica_id", "'pod 1'"),
         ({"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file", "needs a rediss:// url"),
         (
