@@ -689,6 +689,8 @@ def serve_broker(
     fleet_key: str | None = None,
     fleet_on_error: Literal["local", "reject"] | None = None,
     fleet_tls_ca_file: str | os.PathLike[str] | None = None,
+    fleet_tls_cert_file: str | os.PathLike[str] | None = None,
+    fleet_tls_key_file: str | os.PathLike[str] | None = None,
     fleet_durability: Literal["primary", "replicated"] | None = None,
     metrics_listen: str | None = None,
     drain_timeout: float | None = None,

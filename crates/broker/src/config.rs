@@ -89,6 +89,13 @@ pub struct Flags {
     /// system's roots.
     #[arg(long, value_name = "FILE")]
     pub fleet_tls_ca_file: Option<PathBuf>,
+    /// A PEM client certificate for a fleet server that requires one (mutual TLS), with
+    /// --fleet-tls-key-file. Default: none.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tls_cert_file: Option<PathBuf>,
+    /// The private key of --fleet-tls-cert-file. Default: none.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tls_key_file: Option<PathBuf>,
     /// When a fleet lease counts: `primary` (once the primary holds it) or `replicated` (once
     /// `WAIT 1` confirms a replica holds it: exact through a failover, one more round trip).
     /// Default primary.
@@ -152,6 +159,8 @@ struct FileSettings {
     fleet_key: Option<String>,
     fleet_on_error: Option<String>,
     fleet_tls_ca_file: Option<PathBuf>,
+    fleet_tls_cert_file: Option<PathBuf>,
+    fleet_tls_key_file: Option<PathBuf>,
     fleet_durability: Option<String>,
     metrics_listen: Option<SocketAddr>,
     drain_timeout: Option<f64>,
@@ -215,6 +224,8 @@ pub struct Config {
     pub fleet_key: String,
     pub fleet_on_error: String,
     pub fleet_tls_ca_file: Option<PathBuf>,
+    pub fleet_tls_cert_file: Option<PathBuf>,
+    pub fleet_tls_key_file: Option<PathBuf>,
     pub fleet_durability: String,
     pub metrics_listen: Option<SocketAddr>,
     pub drain_timeout: Duration,
@@ -446,6 +457,8 @@ impl Config {
             fleet_key: pick!(fleet_key).unwrap_or_else(|| "agent:default".into()),
             fleet_on_error,
             fleet_tls_ca_file: pick!(fleet_tls_ca_file),
+            fleet_tls_cert_file: pick!(fleet_tls_cert_file),
+            fleet_tls_key_file: pick!(fleet_tls_key_file),
             fleet_durability,
             metrics_listen: pick!(metrics_listen),
             drain_timeout: seconds("drain_timeout", pick!(drain_timeout).unwrap_or(15.0), true)?,

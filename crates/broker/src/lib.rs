@@ -84,6 +84,8 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
             );
             fleet.max_in_flight_per_scope = limits.max_per_scope;
             fleet.tls_ca_file = config.fleet_tls_ca_file.clone();
+            fleet.tls_cert_file = config.fleet_tls_cert_file.clone();
+            fleet.tls_key_file = config.fleet_tls_key_file.clone();
             if config.fleet_durability == "replicated" {
                 fleet.durability = Durability::Replicated;
             }
