@@ -619,9 +619,29 @@ impl SentinelSet {
         panic!("no sentinel answered");
     }
 
-    /// The port of the primary the sentinels name now.
+    /// The port of the primary the sentinels name now, once every live sentinel names the same
+    /// one (right after a failover, the sentinels that did not lead it learn of it within a
+    /// couple of seconds).
     pub fn primary_port(&self) -> u16 {
-        self.master_info()["port"].parse().unwrap()
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let named: Vec<String> = self
+                .sentinels
+                .iter()
+                .filter(|s| s.is_running())
+                .map(|s| s.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]))
+                .collect();
+            if named.windows(2).all(|pair| pair[0] == pair[1]) {
+                if let Some(port) = named.first().and_then(|n| n.lines().nth(1)) {
+                    return port.parse().unwrap();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels disagree: {named:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The data node on `port`.
