@@ -20,6 +20,11 @@ on stdin and writes one JSON event per line on stdout:
     when a turn starts and ``{"event": "e", "i", "t", "o"}`` when it ends (``o``: "ok", or the
     ``AdmissionRejected`` reason of a refused turn), so a test still knows what a replica killed
     mid-run had started; then ``{"event": "loaded", "tag", "stats"}``.
+``{"cmd": "burst", "n": 300, "hold": [0.02, 0.08], "retry": 0.05, "seed": 1, "tag": "a"}``
+    starts ``n`` turns at once, each retrying a ``fleet_unavailable`` refusal after ``retry``
+    seconds until it runs (a client that retries). Streams ``s``/``e`` as ``load`` does; then
+    ``{"event": "burst", "tag", "served", "refused", "first", "last"}`` (refusals by reason,
+    the times of the first and last refusal, ``null`` without any).
 ``{"cmd": "stats"}``
     answers ``{"event": "stats", "stats": {...}, "gate": {...}}`` (the limit's and the gate's).
 ``{"cmd": "exit"}``
@@ -112,6 +117,43 @@ class ReplicaProcess:
         await asyncio.gather(*(client(c) for c in range(int(command["clients"]))))
         emit("loaded", tag=tag, stats=self.limit.stats())
 
+    async def burst(self, command: dict[str, Any]) -> None:
+        """``n`` turns at once, each retrying ``fleet_unavailable`` until it is served."""
+        tag = str(command.get("tag", ""))
+        low, high = (float(h) for h in command.get("hold", [0.02, 0.08]))
+        retry = float(command.get("retry", 0.05))
+        rng = random.Random(command.get("seed", 0))
+        holds = [rng.uniform(low, high) for _ in range(int(command["n"]))]
+        refused: dict[str, int] = {}
+        window = [float("inf"), float("-inf")]  # the first and last refusal
+        served = 0
+
+        async def turn(n: int, hold: float) -> None:
+            nonlocal served
+            turn_id = f"{tag}:{n}"
+            while True:
+                try:
+                    assert self.gate is not None
+                    async with self.gate.admit():
+                        emit("s", i=turn_id, t=time.monotonic())
+                        await asyncio.sleep(hold)
+                        emit("e", i=turn_id, t=time.monotonic(), o="ok")
+                    served += 1
+                    return
+                except admitgate.AdmissionRejected as exc:
+                    # Summed, not streamed: thousands of retries would load the host.
+                    now = time.monotonic()
+                    window[0] = min(window[0], now)
+                    window[1] = max(window[1], now)
+                    refused[exc.reason] = refused.get(exc.reason, 0) + 1
+                    if exc.reason != "fleet_unavailable":
+                        return
+                    await asyncio.sleep(retry)
+
+        await asyncio.gather(*(turn(n, hold) for n, hold in enumerate(holds)))
+        first, last = window if refused else (None, None)
+        emit("burst", tag=tag, served=served, refused=refused, first=first, last=last)
+
     async def held_turn(self, scope: str, entered: asyncio.Queue[str]) -> None:
         """A gate turn that runs until ``release``."""
         assert self.gate is not None
@@ -136,6 +178,10 @@ class ReplicaProcess:
         cmd = command["cmd"]
         if cmd == "turns":
             task = asyncio.ensure_future(self.turns(command))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif cmd == "burst":
+            task = asyncio.ensure_future(self.burst(command))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         elif cmd == "load":

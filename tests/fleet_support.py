@@ -83,10 +83,19 @@ def make_certificates(directory: Path) -> None:
 class RedisServer:
     """One redis-server on 127.0.0.1, without persistence: a restart forgets everything."""
 
-    def __init__(self, binary: str, *, name: str, tls: bool = False, password: str | None = None):
+    def __init__(
+        self,
+        binary: str,
+        *,
+        name: str,
+        tls: bool = False,
+        password: str | None = None,
+        extra_args: list[str] | None = None,
+    ):
         self.binary = binary
         self.tls = tls
         self.password = password
+        self.extra_args = list(extra_args or [])
         self.dir = Path(tempfile.mkdtemp(prefix=f"admitgate-redis-{name}-"))
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -119,7 +128,7 @@ class RedisServer:
             args += ["--port", str(self.port)]
         if self.password:
             args += ["--requirepass", self.password]
-        return args
+        return args + self.extra_args
 
     def start(self) -> None:
         """Starts the server and waits (bounded) until it accepts connections."""
@@ -139,6 +148,11 @@ class RedisServer:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start on port {self.port}:\n{text}")
             time.sleep(0.02)
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive (not killed)."""
+        return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
         """Kills the server (SIGKILL: nothing is saved) and waits for it to exit."""
@@ -173,6 +187,154 @@ class RedisServer:
         """Stops the server and removes its directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def redis_sentinel_binary() -> str:
+    """Debian's ``redis-sentinel``, installed with ``apt-get`` when missing (needs root)."""
+    found = shutil.which("redis-sentinel") or (
+        "/usr/bin/redis-sentinel" if os.path.exists("/usr/bin/redis-sentinel") else None
+    )
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise RuntimeError("redis-sentinel is missing: install Debian's package redis-sentinel")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for command in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "redis-sentinel"],
+    ):
+        subprocess.run(command, check=True, capture_output=True, timeout=600, env=env)
+    return shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
+
+
+class RedisSentinel:
+    """One ``redis-sentinel`` on 127.0.0.1 monitoring ``mymaster`` (quorum 2,
+    ``down-after-milliseconds 1000``)."""
+
+    def __init__(self, binary: str, primary_port: int):
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="admitgate-sentinel-"))
+        self.port = free_port()
+        (self.dir / "sentinel.conf").write_text(
+            f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+            f"sentinel monitor mymaster 127.0.0.1 {primary_port} 2\n"
+            "sentinel down-after-milliseconds mymaster 1000\n"
+            "sentinel failover-timeout mymaster 4000\n"
+            "sentinel parallel-syncs mymaster 1\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        log = self.dir / "sentinel.log"
+        self.process = subprocess.Popen(
+            [binary, str(self.dir / "sentinel.conf"), "--logfile", str(log)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while "+monitor master" not in (log.read_text(errors="replace") if log.exists() else ""):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-sentinel did not start on port {self.port}")
+            time.sleep(0.02)
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self.process is not None and self.process.poll() is None
+
+    def client(self) -> Any:
+        """A redis-py client of this sentinel."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
+
+    def close(self) -> None:
+        """Kills the sentinel and removes its directory."""
+        if self.running:
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelSet:
+    """A Sentinel deployment on loopback: a primary, a replica, three sentinels."""
+
+    def __init__(self) -> None:
+        server = redis_server_binary()
+        sentinel = redis_sentinel_binary()
+        # A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
+        quick = ["--repl-diskless-sync-delay", "0"]
+        primary = RedisServer(server, name="primary", extra_args=quick)
+        primary.start()
+        replica = RedisServer(
+            server,
+            name="replica",
+            extra_args=[*quick, "--replicaof", "127.0.0.1", str(primary.port)],
+        )
+        replica.start()
+        self.nodes = [primary, replica]
+        self.sentinels = [RedisSentinel(sentinel, primary.port) for _ in range(3)]
+        self.wait_settled()
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://127.0.0.1:<s1>,.../mymaster/0``."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/mymaster/0"
+
+    def master(self) -> dict[str, Any]:
+        """What a live sentinel says about ``mymaster``."""
+        for sentinel in self.sentinels:
+            if sentinel.running:
+                return dict(sentinel.client().sentinel_master("mymaster"))
+        raise AssertionError("no sentinel runs")
+
+    def primary_port(self) -> int:
+        """The port of the primary the sentinels name now."""
+        for sentinel in self.sentinels:
+            if sentinel.running:
+                _, port = sentinel.client().sentinel_get_master_addr_by_name("mymaster")
+                return int(port)
+        raise AssertionError("no sentinel runs")
+
+    def node(self, port: int) -> RedisServer:
+        """The data node on ``port``."""
+        return next(n for n in self.nodes if n.port == port)
+
+    def wait_settled(self, timeout: float = 30.0) -> None:
+        """Until every live sentinel knows the others and a replica that is up, and the named
+        primary has a connected replica."""
+        deadline = time.monotonic() + timeout
+        while True:
+            live = [s for s in self.sentinels if s.running]
+            try:
+                settled = all(
+                    int(m["num-other-sentinels"]) == len(live) - 1
+                    and int(m["num-slaves"]) >= 1
+                    and m["flags"] == "master"
+                    for m in (s.client().sentinel_master("mymaster") for s in live)
+                )
+                primary = self.node(self.primary_port())
+                settled = (
+                    settled
+                    and primary.running
+                    and primary.client().info("replication").get("slave0", {}).get("state")
+                    == "online"
+                )
+            except Exception:  # a node restarting: not settled yet
+                settled = False
+            if settled:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the sentinels did not settle within {timeout} s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Stops every process."""
+        for sentinel in self.sentinels:
+            sentinel.close()
+        for node in self.nodes:
+            node.close()
 
 
 async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

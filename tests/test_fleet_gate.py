@@ -66,6 +66,7 @@ def test_the_gate_takes_the_fleet_and_validates_it(redis_server: RedisServer) ->
         "fleet_lease_lost",
         "fleet_borrowed",
         "fleet_outages",
+        "fleet_failovers",
     }
     assert all(isinstance(v, int | float) for v in stats.values())
     plain = build_admission_gate(max_concurrent_runs=2)

@@ -256,6 +256,7 @@ def test_fleet_figures_are_exported_when_present() -> None:
         "fleet_lease_lost": 2,
         "fleet_borrowed": 1,
         "fleet_outages": 3,
+        "fleet_failovers": 1,
     }
     register(gate, registry, prefix="broker")
     http, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
@@ -269,6 +270,7 @@ def test_fleet_figures_are_exported_when_present() -> None:
         assert got.value("broker_fleet_lease_lost_total") == 2
         assert got.value("broker_fleet_borrowed") == 1
         assert got.value("broker_fleet_outages_total") == 3
+        assert got.value("broker_fleet_failovers_total") == 1
         for key, (kind, _) in FLEET_METRICS.items():
             assert got.types[f"broker_{key}"] == kind
         gate.fleet = {"fleet_max_in_flight": 0, "fleet_backend_up": 0}

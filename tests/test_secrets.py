@@ -55,6 +55,12 @@ def urls(password: str, port: int = 6379) -> list[str]:
         f"redis:/admin:{password}@127.0.0.1",
         f"http://admin:{password}@127.0.0.1",
         f"redis://admin:{password}@127.0.0.1:{port}/0?protocol=resp3",
+        # Sentinel and Cluster: several hosts after the user-info.
+        f"redis+sentinel://admin:{encoded}@127.0.0.1:{port},127.0.0.1:{port + 1}/mymaster/0",
+        f"rediss+sentinel://admin:{password}@127.0.0.1:{port}/mymaster",
+        f"redis+cluster://:{encoded}@127.0.0.1:{port},127.0.0.1:{port + 1}",
+        f"rediss+cluster://admin:{password}@127.0.0.1:{port},127.0.0.1:{port + 1}",
+        f"redis+cluster://{token}@127.0.0.1:{port}",
     ]
 
 

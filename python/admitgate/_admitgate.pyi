@@ -519,7 +519,9 @@ class LoopMailbox:
 @final
 class FleetLimit:
     """A fleet-wide in-flight cap shared by every replica configured with the same ``key`` on
-    the same Redis (``redis://`` or ``rediss://``, credentials in the URL allowed).
+    the same Redis (``redis://`` or ``rediss://``, credentials in the URL allowed; a Sentinel
+    deployment as ``redis+sentinel://host:port[,host:port...]/service_name[/db]``, a Redis
+    Cluster as ``redis+cluster://host:port[,host:port...]``, each also ``rediss+...``).
 
     Each admitted turn holds a lease in Redis, taken and released atomically with the Redis
     server's time; a replica that dies loses its leases after ``lease_ttl_s``. Turns that find
@@ -527,7 +529,10 @@ class FleetLimit:
     ``on_backend_error`` says what admissions do while Redis is down: ``"local"`` admits (the
     cap is not enforced meanwhile), ``"reject"`` refuses with reason ``fleet_unavailable``.
     ``command_timeout_s`` defaults to 1 s, or half of ``lease_ttl_s`` when that is shorter.
-    Every argument is validated (``ValueError`` naming it); the password never appears in a
+    ``durability="replicated"`` counts a grant only once ``WAIT 1`` confirms a replica holds
+    it (one more round trip; the cap stays exact through a failover); a call no replica
+    confirms is handled as an outage (``on_backend_error``). ``tls_cert_file`` and
+    ``tls_key_file`` present a client certificate (mutual TLS). Every argument is validated (``ValueError`` naming it); the password never appears in a
     repr, an error or a log line. Building one starts no thread: admitgate's runtime starts
     with the first call that talks to Redis.
     """
@@ -545,6 +550,9 @@ class FleetLimit:
         command_timeout_s: float | None = 1.0,
         replica_id: str | None = None,
         tls_ca_file: str | os.PathLike[str] | None = None,
+        durability: Literal["primary", "replicated"] | None = "primary",
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
     ) -> FleetLimit: ...
     @property
     def url(self) -> str:
@@ -577,6 +585,15 @@ class FleetLimit:
     def tls_ca_file(self) -> str | None:
         """The CA file for a ``rediss://`` server with a private CA."""
     @property
+    def tls_cert_file(self) -> str | None:
+        """The client certificate presented to servers that require one (mutual TLS)."""
+    @property
+    def tls_key_file(self) -> str | None:
+        """The client certificate's private key file."""
+    @property
+    def durability(self) -> Literal["primary", "replicated"]:
+        """When a grant counts: once the primary holds it, or once a replica confirms it."""
+    @property
     def backend_up(self) -> bool:
         """Whether Redis answered the last call."""
     def stats(self) -> dict[str, int]:
@@ -585,7 +602,9 @@ class FleetLimit:
         ``fleet_outages``, ``fleet_max_in_flight_per_scope``, ``fleet_waiting``,
         ``fleet_lease_retaken``, ``fleet_replica_held``, ``fleet_replica_waiting``,
         ``fleet_limit`` (the fleet's learned limit, set by gates with ``adaptive=``, last
-        known; 0: none, the cap alone counts)."""
+        known; 0: none, the cap alone counts), ``fleet_failovers`` (new primaries named by
+        the sentinels and followed), ``fleet_unconfirmed`` (calls no replica confirmed, with
+        ``durability="replicated"``)."""
     def acquire(self, scope: object = "") -> Awaitable[FleetLease]:
         """Waits for a lease in fleet-wide FIFO order (call inside a running event loop).
         Cancelling the wait withdraws it. While Redis is down: a local lease, or
@@ -699,6 +718,9 @@ def serve_broker(
     fleet_key: str | None = None,
     fleet_on_error: Literal["local", "reject"] | None = None,
     fleet_tls_ca_file: str | os.PathLike[str] | None = None,
+    fleet_tls_cert_file: str | os.PathLike[str] | None = None,
+    fleet_tls_key_file: str | os.PathLike[str] | None = None,
+    fleet_durability: Literal["primary", "replicated"] | None = None,
     metrics_listen: str | None = None,
     drain_timeout: float | None = None,
     first_bytes_timeout: float | None = None,

@@ -64,6 +64,10 @@ FLEET_METRICS: Mapping[str, tuple[str, str]] = {
     ),
     "fleet_borrowed": ("gauge", "Fleet leases borrowed by turns resuming from a human wait."),
     "fleet_outages": ("counter", "Fleet backend outages seen by this replica."),
+    "fleet_failovers": (
+        "counter",
+        "Fleet backend failovers followed by this replica (a new primary named by Sentinel).",
+    ),
 }
 
 

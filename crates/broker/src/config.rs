@@ -89,6 +89,18 @@ pub struct Flags {
     /// system's roots.
     #[arg(long, value_name = "FILE")]
     pub fleet_tls_ca_file: Option<PathBuf>,
+    /// A PEM client certificate for a fleet server that requires one (mutual TLS), with
+    /// --fleet-tls-key-file. Default: none.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tls_cert_file: Option<PathBuf>,
+    /// The private key of --fleet-tls-cert-file. Default: none.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_tls_key_file: Option<PathBuf>,
+    /// When a fleet lease counts: `primary` (once the primary holds it) or `replicated` (once
+    /// `WAIT 1` confirms a replica holds it: exact through a failover, one more round trip).
+    /// Default primary.
+    #[arg(long, value_name = "MODE")]
+    pub fleet_durability: Option<String>,
     /// Serve /metrics (Prometheus), /livez and /readyz on this address. Default: none.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
@@ -197,6 +209,9 @@ struct FileSettings {
     fleet_key: Option<String>,
     fleet_on_error: Option<String>,
     fleet_tls_ca_file: Option<PathBuf>,
+    fleet_tls_cert_file: Option<PathBuf>,
+    fleet_tls_key_file: Option<PathBuf>,
+    fleet_durability: Option<String>,
     metrics_listen: Option<SocketAddr>,
     drain_timeout: Option<f64>,
     first_bytes_timeout: Option<f64>,
@@ -264,6 +279,9 @@ pub struct Config {
     pub fleet_key: String,
     pub fleet_on_error: String,
     pub fleet_tls_ca_file: Option<PathBuf>,
+    pub fleet_tls_cert_file: Option<PathBuf>,
+    pub fleet_tls_key_file: Option<PathBuf>,
+    pub fleet_durability: String,
     pub metrics_listen: Option<SocketAddr>,
     pub drain_timeout: Duration,
     pub first_bytes_timeout: Duration,
@@ -550,6 +568,12 @@ impl Config {
                 name!(fleet_on_error)
             ));
         }
+        let fleet_durability = pick!(fleet_durability).unwrap_or_else(|| "primary".into());
+        if fleet_durability != "primary" && fleet_durability != "replicated" {
+            return err(format!(
+                "fleet_durability must be primary or replicated, got {fleet_durability:?}"
+            ));
+        }
         let queue_timeout = match pick!(queue_timeout) {
             Some(v) => Some(seconds(&name!(queue_timeout), v, false)?),
             None => None,
@@ -608,6 +632,9 @@ impl Config {
             fleet_key: pick!(fleet_key).unwrap_or_else(|| "agent:default".into()),
             fleet_on_error,
             fleet_tls_ca_file: pick!(fleet_tls_ca_file),
+            fleet_tls_cert_file: pick!(fleet_tls_cert_file),
+            fleet_tls_key_file: pick!(fleet_tls_key_file),
+            fleet_durability,
             metrics_listen: pick!(metrics_listen),
             drain_timeout: seconds(
                 &name!(drain_timeout),

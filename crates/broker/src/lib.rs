@@ -57,7 +57,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_fleet::{FleetConfig, FleetLimit, OnBackendError};
+use admitgate_fleet::{Durability, FleetConfig, FleetLimit, OnBackendError};
 use admitgate_passage::core_api::ConcurrencyLimit;
 use admitgate_passage::{Passage, PassageConfig};
 use tokio::net::TcpListener;
@@ -90,6 +90,11 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
             );
             fleet.max_in_flight_per_scope = limits.max_per_scope;
             fleet.tls_ca_file = config.fleet_tls_ca_file.clone();
+            fleet.tls_cert_file = config.fleet_tls_cert_file.clone();
+            fleet.tls_key_file = config.fleet_tls_key_file.clone();
+            if config.fleet_durability == "replicated" {
+                fleet.durability = Durability::Replicated;
+            }
             fleet.on_backend_error = if config.fleet_on_error == "reject" {
                 OnBackendError::Reject
             } else {

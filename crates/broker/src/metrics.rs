@@ -269,11 +269,32 @@ pub fn render(broker: &Broker) -> String {
                 "Fleet backend outages seen by this broker.",
                 f.outages,
             ),
+            (
+                "broker_fleet_failovers_total",
+                "counter",
+                "Fleet backend failovers followed by this broker (a new primary named by Sentinel).",
+                f.failovers,
+            ),
         ];
         for (name, kind, help, value) in gauges {
             family(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {value}");
         }
+        let durability = passage
+            .fleet()
+            .map_or("primary", |limit| limit.config().durability.as_str());
+        family(
+            &mut out,
+            "broker_fleet_backend_info",
+            "gauge",
+            "The fleet backend's topology (single, sentinel, cluster) and durability (primary, \
+             replicated); always 1.",
+        );
+        let _ = writeln!(
+            out,
+            "broker_fleet_backend_info{{topology=\"{}\",durability=\"{durability}\"}} 1",
+            f.topology
+        );
     }
     out
 }

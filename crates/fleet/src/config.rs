@@ -52,6 +52,54 @@ impl std::str::FromStr for OnBackendError {
     }
 }
 
+/// When a grant counts: once the primary holds it, or once a replica confirms it too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// A grant counts once the primary ran its script (one round trip). Replication is
+    /// asynchronous: a failover can lose the leases granted within the replication lag before
+    /// the primary died, and the new primary may grant that room again (see the crate docs).
+    #[default]
+    Primary,
+    /// A grant counts only once `WAIT 1 <command_timeout>` confirms a replica holds it (one
+    /// more round trip per call). A call no replica confirms in time is a failure of the
+    /// backend: its grant is undone (the release is owed and sent before Redis is said to be up
+    /// again) and the turn is decided by `on_backend_error`. Keeps the cap exact through a
+    /// failover to the confirming replica.
+    Replicated,
+}
+
+impl Durability {
+    /// The name used in configuration files and by the Python binding.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Primary => "primary",
+            Durability::Replicated => "replicated",
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "primary" => Ok(Durability::Primary),
+            "replicated" => Ok(Durability::Replicated),
+            _ => Err(ConfigError::new(
+                "durability",
+                format!("{value:?}"),
+                "must be \"primary\" or \"replicated\"",
+            )),
+        }
+    }
+}
+
 /// A setting that was refused, naming the field and the value (a URL's password redacted).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
@@ -87,7 +135,10 @@ impl std::error::Error for ConfigError {}
 /// `Debug` and `Display` never show the URL's password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct FleetConfig {
-    /// `redis://[user:password@]host[:port][/db]` or `rediss://…` (TLS: rustls, `ring` provider).
+    /// `redis://[user:password@]host[:port][/db]` or `rediss://…` (TLS: rustls, `ring` provider)
+    /// for one server; `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`
+    /// for the primary a set of sentinels names; `redis+cluster://[user:password@]host:port[,...]`
+    /// for a Redis Cluster's seed nodes (both also as `rediss+…` with TLS).
     pub url: String,
     /// Names the limit: every replica with the same `key` (on the same Redis) shares one cap. All
     /// of its Redis keys carry the hash tag `{key}`, so braces are refused.
@@ -122,6 +173,13 @@ pub struct FleetConfig {
     /// A PEM file of the CA that signed the server's certificate, for `rediss://` servers with a
     /// private CA; `None` trusts the system's roots.
     pub tls_ca_file: Option<PathBuf>,
+    /// When a grant counts: on the primary alone (the default) or once a replica confirms it.
+    pub durability: Durability,
+    /// A PEM client certificate for servers that require one (`tls-auth-clients yes`, managed
+    /// services with mutual TLS), with `tls_key_file`; `rediss` URLs only.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl FleetConfig {
@@ -143,6 +201,9 @@ impl FleetConfig {
             recheck_interval: Duration::from_secs(1),
             probe_interval: Duration::from_secs(1),
             tls_ca_file: None,
+            durability: Durability::Primary,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 
@@ -232,14 +293,46 @@ impl FleetConfig {
             Duration::from_secs(60),
         )?;
         validate_replica_id(&self.replica_id)?;
-        if self.tls_ca_file.is_some() && !self.url.starts_with("rediss://") {
+        let shown_path = |path: &Option<PathBuf>| {
+            format!("{:?}", path.as_ref().map(|p| p.display().to_string()))
+        };
+        for (field, path) in [
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ] {
+            if path.is_some() && !self.url.starts_with("rediss") {
+                return Err(ConfigError::new(
+                    field,
+                    shown_path(path),
+                    "needs a rediss:// url (or rediss+sentinel://, rediss+cluster://)",
+                ));
+            }
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "tls_cert_file",
+                    shown_path(&self.tls_cert_file),
+                    "needs tls_key_file (its private key) too",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "tls_key_file",
+                    shown_path(&self.tls_key_file),
+                    "needs tls_cert_file (the client certificate) too",
+                ))
+            }
+            _ => {}
+        }
+        if self.tls_ca_file.is_some() && !self.url.starts_with("rediss") {
             return Err(ConfigError::new(
                 "tls_ca_file",
                 format!(
                     "{:?}",
                     self.tls_ca_file.as_ref().map(|p| p.display().to_string())
                 ),
-                "needs a rediss:// url",
+                "needs a rediss:// url (or rediss+sentinel://, rediss+cluster://)",
             ));
         }
         Ok(())
@@ -263,6 +356,9 @@ impl fmt::Debug for FleetConfig {
             recheck_interval,
             probe_interval,
             tls_ca_file,
+            durability,
+            tls_cert_file,
+            tls_key_file,
         } = self;
         f.debug_struct("FleetConfig")
             .field("url", &self.redacted_url())
@@ -278,6 +374,9 @@ impl fmt::Debug for FleetConfig {
             .field("recheck_interval", recheck_interval)
             .field("probe_interval", probe_interval)
             .field("tls_ca_file", tls_ca_file)
+            .field("durability", durability)
+            .field("tls_cert_file", tls_cert_file)
+            .field("tls_key_file", tls_key_file)
             .finish()
     }
 }
@@ -287,13 +386,14 @@ impl fmt::Display for FleetConfig {
         write!(
             f,
             "fleet limit {:?} on {} (max_in_flight={}, max_in_flight_per_scope={}, lease_ttl={:?}, \
-             on_backend_error={}, replica {})",
+             on_backend_error={}, durability={}, replica {})",
             self.key,
             self.redacted_url(),
             self.max_in_flight,
             self.max_in_flight_per_scope,
             self.lease_ttl,
             self.on_backend_error,
+            self.durability,
             self.replica_id
         )
     }
@@ -385,7 +485,13 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// that does not parse may hold its password anywhere: after a typo'd `@`, or with none), only
 /// its scheme when that is a plain word, and its length.
 pub(crate) fn shown_url(url: &str) -> String {
-    if redis::IntoConnectionInfo::into_connection_info(url).is_ok() {
+    let parses = match crate::topology::scheme(url) {
+        Some((crate::topology::Kind::Single, _)) | None => {
+            redis::IntoConnectionInfo::into_connection_info(url).is_ok()
+        }
+        Some(_) => crate::topology::parse_nodes(url).is_ok(),
+    };
+    if parses {
         return redact_url(url);
     }
     let scheme = url
@@ -463,13 +569,14 @@ fn percent_decode(text: &str) -> String {
 
 fn validate_url(url: &str) -> Result<(), ConfigError> {
     let shown = || format!("{:?}", shown_url(url));
-    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+    let Some((kind, _)) = crate::topology::scheme(url) else {
         return Err(ConfigError::new(
             "url",
             shown(),
-            "must start with redis:// or rediss://",
+            "must start with redis://, rediss://, redis+sentinel://, rediss+sentinel://, \
+             redis+cluster:// or rediss+cluster://",
         ));
-    }
+    };
     if url.contains("#insecure") {
         return Err(ConfigError::new(
             "url",
@@ -492,6 +599,11 @@ fn validate_url(url: &str) -> Result<(), ConfigError> {
             "has an @ after a /, ? or #: percent-encode any / ? # @ or % in the password \
              (e.g. / as %2F)",
         ));
+    }
+    if kind != crate::topology::Kind::Single {
+        return crate::topology::parse_nodes(url)
+            .map(|_| ())
+            .map_err(|reason| ConfigError::new("url", shown(), reason));
     }
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|_| {
         ConfigError::new(

@@ -13,6 +13,7 @@ use crate::events::FleetEvent;
 use crate::limit::Inner;
 use crate::registry::Grant;
 use crate::scripts::{Beat, BeatResult, HEARTBEAT_CHUNK};
+use crate::topology::Kind;
 
 /// The heartbeat task. Holds the limit weakly, so dropping the last handle stops it.
 pub(crate) async fn run(limit: Weak<Inner>, beat_now: Arc<Notify>, replan: Arc<Notify>) {
@@ -49,13 +50,21 @@ pub(crate) async fn run(limit: Weak<Inner>, beat_now: Arc<Notify>, replan: Arc<N
     }
 }
 
+/// The probe's period while a Sentinel or Cluster deployment is down (at most `probe_interval`).
+const FAILOVER_PROBE: Duration = Duration::from_millis(250);
+
 impl Inner {
     /// How long until the next beat: the probe interval while Redis is down, the re-check
     /// interval while a turn waits, the heartbeat interval otherwise.
     fn period(&self) -> Duration {
         let heartbeat = self.config.effective_heartbeat_interval();
         if !self.backend.is_up() {
-            self.config.probe_interval
+            match self.backend.kind() {
+                Kind::Single => self.config.probe_interval,
+                // Asking the sentinels (or the cluster) is cheap, and a failover ends when they
+                // name the new primary: ask often so the outage ends soon after.
+                Kind::Sentinel | Kind::Cluster => self.config.probe_interval.min(FAILOVER_PROBE),
+            }
         } else if self.registry().waiting() > 0 {
             heartbeat.min(self.config.recheck_interval)
         } else {
@@ -153,9 +162,14 @@ impl Inner {
     /// While Redis is down: is it back? If so, send the releases owed, register the leases
     /// taken during the outage (re-take, or count lost), and only then say it is up.
     pub(crate) async fn probe(self: &Arc<Self>) {
+        // Reachable? (Unconfirmed: with `durability = replicated` the owed releases, which only
+        // give room back, go out even while no replica confirms; the heartbeat below, which may
+        // grant, needs the confirmation before the backend is said to be up.)
         let ping = self
             .backend
-            .call(|mut con| async move { redis::cmd("PING").query_async::<String>(&mut con).await })
+            .call_unconfirmed(|mut con| async move {
+                redis::cmd("PING").query_async::<String>(&mut con).await
+            })
             .await;
         if ping.is_err() {
             self.backend.reset();
@@ -165,7 +179,7 @@ impl Inner {
         if !owed.is_empty() {
             let sent = self
                 .backend
-                .call(|con| {
+                .call_unconfirmed(|con| {
                     let calls = owed.iter().map(|(id, scope)| {
                         let mut con = con.clone();
                         async move { self.scripts.release(&mut con, id, scope).await }

@@ -166,9 +166,20 @@
 //! per-cap keys are derived inside the scripts from the `{key}:` prefix; they share the hash
 //! tag, so they live in the same slot as the declared keys.
 //!
-//! The client talks to one Redis server (standalone, or a primary behind a stable address). A
-//! failover to a replica that had not received the latest writes looks like a restart without
-//! persistence and is handled as one. Cluster and Sentinel discovery are not supported yet.
+//! # Topologies and durability
+//!
+//! The URL names one server (`redis://`, `rediss://`), the primary a set of sentinels names
+//! (`redis+sentinel://host:port[,host:port...]/service[/db]`: asked again at every
+//! reconnection, the one named while being promoted or with the highest configuration epoch;
+//! `READONLY` from a demoted primary is "the primary moved", not an outage), or a Redis
+//! Cluster (`redis+cluster://host:port[,...]`: every key of a limit in the slot of `{key}`;
+//! MOVED, ASK and TRYAGAIN retried by the driver; grants published with plain PUBLISH, which
+//! every node relays). A failover to a replica that had not received the latest writes looks
+//! like a restart without persistence and is handled as one: with the default
+//! [`Durability::Primary`] the fleet may then run over the cap by the leases the replica
+//! lacked (counted in `lease_lost`); with [`Durability::Replicated`] every call that can grant
+//! is confirmed by `WAIT 1 <command_timeout>` first, and the cap holds through a failover to
+//! the confirming replica.
 //!
 //! # Cost
 //!
@@ -243,12 +254,13 @@ mod scripts;
 mod stats;
 mod subscriber;
 mod tickets;
+mod topology;
 
 pub use budget::{
     BudgetFallback, BudgetRefusal, Decider, FleetBudget, FleetBudgetStats, FleetDecision,
     FleetReservation,
 };
-pub use config::{ConfigError, FleetConfig, OnBackendError};
+pub use config::{ConfigError, Durability, FleetConfig, OnBackendError};
 pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};
 pub use learned::{FleetLearner, LimitSource};

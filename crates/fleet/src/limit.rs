@@ -177,6 +177,9 @@ impl FleetLimit {
             max_in_flight_per_scope: inner.config.max_in_flight_per_scope,
             backend_up: inner.backend.is_up(),
             outages: inner.backend.outages(),
+            failovers: inner.backend.failovers(),
+            unconfirmed: inner.backend.unconfirmed(),
+            topology: inner.backend.kind().as_str(),
             ..FleetStats::default()
         };
         inner.counters.fill(&mut stats);
@@ -248,7 +251,7 @@ impl FleetLimit {
         inner.stop_tasks();
         if inner.backend.is_up() && !owed.is_empty() {
             let releases = owed.iter().map(|(id, scope)| {
-                inner.backend.call(move |mut con| async move {
+                inner.backend.call_unconfirmed(move |mut con| async move {
                     inner.scripts.release(&mut con, id, scope).await
                 })
             });
@@ -398,7 +401,7 @@ impl Inner {
         }
         let reply = self
             .backend
-            .call(|mut con| {
+            .call_unconfirmed(|mut con| {
                 let (id, scope) = (&id, &scope);
                 async move { self.scripts.release(&mut con, id, scope).await }
             })

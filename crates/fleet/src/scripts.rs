@@ -2,7 +2,7 @@
 //! calls. Every script is sent as EVALSHA and loaded on NOSCRIPT (`redis::Script`), so a
 //! restarted Redis, which has forgotten them, costs one extra round trip.
 
-use redis::aio::ConnectionManager;
+use crate::backend::Connection;
 use redis::{RedisResult, Script};
 
 const COMMON: &str = include_str!("lua/common.lua");
@@ -276,7 +276,7 @@ impl Scripts {
     /// Takes a lease for `id`, or (with `wait`) queues a ticket for it.
     pub(crate) async fn acquire(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Connection,
         id: &str,
         scope: &str,
         wait: bool,
@@ -309,7 +309,7 @@ impl Scripts {
     /// Gives back the lease `id` or withdraws the ticket `id`; true when either existed.
     pub(crate) async fn release(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Connection,
         id: &str,
         scope: &str,
     ) -> RedisResult<(FleetStatus, bool)> {
@@ -325,7 +325,7 @@ impl Scripts {
     /// Takes a lease for a resuming turn, borrowing one when there is no room.
     pub(crate) async fn reclaim(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Connection,
         id: &str,
         scope: &str,
     ) -> RedisResult<(FleetStatus, Reclaimed)> {
@@ -348,7 +348,7 @@ impl Scripts {
     /// per beat, in order.
     pub(crate) async fn heartbeat(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Connection,
         beats: &[Beat],
     ) -> RedisResult<(FleetStatus, Vec<BeatResult>)> {
         let mut call = self.invocation(&self.heartbeat);
@@ -395,7 +395,7 @@ impl Scripts {
     /// is now.
     pub(crate) async fn learn(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Connection,
         proposal: &Proposal,
     ) -> RedisResult<FleetStatus> {
         let spacing_us = u64::try_from(proposal.spacing.as_micros()).unwrap_or(u64::MAX);
@@ -419,7 +419,7 @@ impl Scripts {
     /// Claims granted tickets, at most [`HEARTBEAT_CHUNK`] of them; one result per request.
     pub(crate) async fn claim(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Connection,
         requests: &[ClaimRequest],
     ) -> RedisResult<(FleetStatus, Vec<Claimed>)> {
         let mut call = self.invocation(&self.claim);

@@ -37,6 +37,13 @@ pub struct FleetStats {
     pub borrowed: u64,
     /// Outages this replica has seen.
     pub outages: u64,
+    /// Failovers this replica has followed: a new primary named by the sentinels (Sentinel).
+    pub failovers: u64,
+    /// Calls no replica confirmed within `command_timeout` (`durability = replicated`); each
+    /// was taken as a failure of the backend and its grant undone.
+    pub unconfirmed: u64,
+    /// The topology the URL names: `"single"`, `"sentinel"` or `"cluster"`.
+    pub topology: &'static str,
     /// Leases this replica holds (including ones taken locally during an outage).
     pub held: u64,
     /// Turns of this replica waiting for a lease.

@@ -4,7 +4,7 @@
 //! re-check covers; a message can also arrive late (this replica was paused), which the claim
 //! covers: a grant that expired meanwhile is not started on.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -17,7 +17,7 @@ const RETRY: Duration = Duration::from_millis(200);
 /// The listener task. Holds the limit weakly except while handling a message.
 pub(crate) async fn run(limit: Weak<Inner>) {
     loop {
-        let (client, channel, connect_timeout, command_timeout) = {
+        let (inner_ref, channel, command_timeout) = {
             let Some(inner) = limit.upgrade() else { return };
             // While Redis is down the probe restarts this task when it returns.
             if !inner.backend.is_up() {
@@ -25,17 +25,17 @@ pub(crate) async fn run(limit: Weak<Inner>) {
                 return;
             }
             (
-                inner.backend.client().clone(),
+                Arc::downgrade(&inner),
                 inner.scripts.keys().channel.clone(),
-                inner.backend.connect_timeout(),
                 inner.backend.command_timeout(),
             )
         };
         let subscribed = async {
-            let mut pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
-                .await
-                .ok()?
-                .ok()?;
+            // Bounded by connect_timeout inside; the limit is held only while dialling.
+            let mut pubsub = {
+                let inner = inner_ref.upgrade()?;
+                inner.backend.pubsub().await?
+            };
             tokio::time::timeout(command_timeout, pubsub.subscribe(&channel))
                 .await
                 .ok()?

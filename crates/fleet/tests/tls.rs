@@ -107,3 +107,39 @@ async fn an_untrusted_certificate_is_refused() {
     eprintln!("untrusted certificate reported as: {text}");
     assert!(!text.contains(PASSWORD), "{text}");
 }
+
+/// Mutual TLS (a managed service's client certificates): without the certificate the server
+/// refuses the handshake; with it, leases are taken and given back. A key file that holds no
+/// key is refused by name, without its content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented_where_the_server_requires_one() {
+    let server = RedisServer::start_mtls(PASSWORD);
+    let (cert, key) = server.client_cert();
+    let mut without = tls_config(&server, "agent:mtls");
+    without.tls_ca_file = Some(server.ca_file());
+    let refused = limit(without.clone()).connect().await.unwrap_err();
+    assert!(matches!(refused, FleetError::Backend(_)), "{refused:?}");
+    let mut with = without.clone();
+    with.tls_cert_file = Some(cert.clone());
+    with.tls_key_file = Some(key.clone());
+    let fleet = limit(with.clone());
+    fleet.connect().await.unwrap();
+    let lease = fleet.acquire("").await.unwrap();
+    assert_eq!(fleet.stats().fleet_in_flight, 1);
+    lease.release().await;
+    fleet.shutdown().await;
+    // Both files or neither; a key file must hold a key (its content is never shown).
+    let mut half = with.clone();
+    half.tls_key_file = None;
+    assert_eq!(
+        FleetLimit::new(half, tokio::runtime::Handle::current())
+            .unwrap_err()
+            .field,
+        "tls_cert_file"
+    );
+    let mut wrong = with;
+    wrong.tls_key_file = Some(cert);
+    let err = FleetLimit::new(wrong, tokio::runtime::Handle::current()).unwrap_err();
+    assert_eq!(err.field, "tls_key_file");
+    assert!(!err.to_string().contains("BEGIN CERTIFICATE"), "{err}");
+}

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_fleet::{ConfigError, FleetConfig, FleetLimit, FleetStats, OnBackendError};
+use admitgate_fleet::{
+    ConfigError, Durability, FleetConfig, FleetLimit, FleetStats, OnBackendError,
+};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -92,14 +94,15 @@ fn seconds(
 
 /// A scope argument as the gate keys a `session_id`: `None` is `""`, a str as is (a lone
 /// surrogate escaped), anything else by its `str()`.
-/// The six fleet keys a gate's `stats()` adds (and `FleetLimit.stats()` starts with).
+/// The seven fleet keys a gate's `stats()` adds (and `FleetLimit.stats()` starts with).
 pub fn set_gate_fleet_keys(d: &Bound<'_, PyDict>, s: &FleetStats) -> PyResult<()> {
     d.set_item("fleet_in_flight", s.fleet_in_flight)?;
     d.set_item("fleet_max_in_flight", s.max_in_flight)?;
     d.set_item("fleet_backend_up", u8::from(s.backend_up))?;
     d.set_item("fleet_lease_lost", s.lease_lost)?;
     d.set_item("fleet_borrowed", s.borrowed)?;
-    d.set_item("fleet_outages", s.outages)
+    d.set_item("fleet_outages", s.outages)?;
+    d.set_item("fleet_failovers", s.failovers)
 }
 
 pub fn scope_arg(scope: Option<&Bound<'_, PyAny>>) -> PyResult<Arc<str>> {
@@ -200,11 +203,13 @@ impl PyFleetLimit {
         signature = (
             url, key, max_in_flight, *, max_in_flight_per_scope=None, lease_ttl_s=None,
             on_backend_error=None, connect_timeout_s=None, command_timeout_s=None,
-            replica_id=None, tls_ca_file=None
+            replica_id=None, tls_ca_file=None, durability=None, tls_cert_file=None,
+            tls_key_file=None
         ),
         text_signature = "(url, key, max_in_flight, *, max_in_flight_per_scope=0, \
                           lease_ttl_s=10.0, on_backend_error='local', connect_timeout_s=2.0, \
-                          command_timeout_s=1.0, replica_id=None, tls_ca_file=None)"
+                          command_timeout_s=1.0, replica_id=None, tls_ca_file=None, \
+                          durability='primary', tls_cert_file=None, tls_key_file=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -219,6 +224,9 @@ impl PyFleetLimit {
         command_timeout_s: Option<&Bound<'_, PyAny>>,
         replica_id: Option<&Bound<'_, PyAny>>,
         tls_ca_file: Option<&Bound<'_, PyAny>>,
+        durability: Option<&Bound<'_, PyAny>>,
+        tls_cert_file: Option<&Bound<'_, PyAny>>,
+        tls_key_file: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             // Never the repr of a URL that is not a str: it may carry the password.
@@ -253,6 +261,16 @@ impl PyFleetLimit {
                     )
                 })?;
             }
+            if let Some(mode) = durability.filter(|v| !v.is_none()) {
+                let name = text("durability", mode)?;
+                config.durability = name.parse::<Durability>().map_err(|_| {
+                    bad(
+                        "durability",
+                        "must be 'primary' or 'replicated'",
+                        &repr(mode),
+                    )
+                })?;
+            }
             let replica_id_given = match replica_id.filter(|v| !v.is_none()) {
                 None => false,
                 Some(id) => {
@@ -260,13 +278,19 @@ impl PyFleetLimit {
                     true
                 }
             };
-            if let Some(path) = tls_ca_file.filter(|v| !v.is_none()) {
+            let path_arg = |name: &'static str, value: Option<&Bound<'_, PyAny>>| -> PyResult<_> {
+                let Some(path) = value.filter(|v| !v.is_none()) else {
+                    return Ok(None);
+                };
                 let fspath = py
                     .import("os")?
                     .call_method1("fspath", (path,))
-                    .map_err(|_| bad("tls_ca_file", "must be a path", &repr(path)))?;
-                config.tls_ca_file = Some(PathBuf::from(text("tls_ca_file", &fspath)?));
-            }
+                    .map_err(|_| bad(name, "must be a path", &repr(path)))?;
+                Ok(Some(PathBuf::from(text(name, &fspath)?)))
+            };
+            config.tls_ca_file = path_arg("tls_ca_file", tls_ca_file)?;
+            config.tls_cert_file = path_arg("tls_cert_file", tls_cert_file)?;
+            config.tls_key_file = path_arg("tls_key_file", tls_key_file)?;
             let redacted = config.redacted_url();
             let given = |arg: &str| -> String {
                 let value = match arg {
@@ -279,6 +303,9 @@ impl PyFleetLimit {
                     "command_timeout_s" => command_timeout_s,
                     "replica_id" => replica_id,
                     "tls_ca_file" => tls_ca_file,
+                    "tls_cert_file" => tls_cert_file,
+                    "tls_key_file" => tls_key_file,
+                    "durability" => durability,
                     _ => None,
                 };
                 match value.filter(|v| !v.is_none()) {
@@ -355,6 +382,31 @@ impl PyFleetLimit {
         guard(|| Ok(self.limit()?.config().replica_id.clone()))
     }
 
+    /// When a grant counts: `"primary"` (once the primary holds it) or `"replicated"` (once
+    /// `WAIT 1` confirms a replica holds it too).
+    #[getter]
+    fn durability(&self) -> &'static str {
+        self.config.durability.as_str()
+    }
+
+    /// The client certificate presented to servers that require one, or `None`.
+    #[getter]
+    fn tls_cert_file(&self) -> Option<String> {
+        self.config
+            .tls_cert_file
+            .as_ref()
+            .map(|p| p.display().to_string())
+    }
+
+    /// The client certificate's private key file, or `None`.
+    #[getter]
+    fn tls_key_file(&self) -> Option<String> {
+        self.config
+            .tls_key_file
+            .as_ref()
+            .map(|p| p.display().to_string())
+    }
+
     /// The CA file for a `rediss://` server with a private CA, or `None`.
     #[getter]
     fn tls_ca_file(&self) -> Option<String> {
@@ -390,6 +442,7 @@ impl PyFleetLimit {
             d.set_item("fleet_replica_held", s.held)?;
             d.set_item("fleet_replica_waiting", s.waiting)?;
             d.set_item("fleet_limit", s.learned_limit)?;
+            d.set_item("fleet_unconfirmed", s.unconfirmed)?;
             Ok(d)
         })
     }

@@ -21,11 +21,15 @@ use admitgate_fleet::{FleetConfig, FleetLimit};
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
+    /// redis-server, or redis-sentinel.
+    binary: PathBuf,
     args: Vec<String>,
     child: Mutex<Option<Child>>,
     starts: Mutex<u32>,
     tls: bool,
     password: Option<String>,
+    /// What its log says once it serves.
+    ready: &'static str,
 }
 
 type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
@@ -84,6 +88,21 @@ pub fn redis_server_path() -> PathBuf {
     fallback
 }
 
+/// Debian's `redis-sentinel` (installed by `scripts/redis-server`), next to redis-server or on
+/// `PATH`.
+pub fn redis_sentinel_path() -> PathBuf {
+    let beside = redis_server_path().with_file_name("redis-sentinel");
+    if beside.is_file() {
+        return beside;
+    }
+    let fallback = PathBuf::from("/usr/bin/redis-sentinel");
+    assert!(
+        fallback.is_file(),
+        "redis-sentinel not found: run scripts/redis-server (it installs Debian's redis-sentinel)"
+    );
+    fallback
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -118,7 +137,66 @@ impl RedisServer {
         Self::launch("tls", true, Some(password.to_owned()))
     }
 
+    /// A plain instance with extra arguments (`--replicaof`, `--cluster-enabled`, ...).
+    pub fn start_with(name: &str, extra: &[String]) -> Self {
+        Self::launch_with(name, false, None, extra)
+    }
+
+    /// A sentinel (Debian's `redis-sentinel`, the same binary in sentinel mode) monitoring the
+    /// primary on `primary_port` as `mymaster`, with `down-after-milliseconds 1000` and a
+    /// quorum of 2.
+    pub fn start_sentinel(primary_port: u16) -> Self {
+        let dir = scratch_dir("sentinel");
+        let port = free_port();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {primary_port} 2\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 4000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let server = RedisServer {
+            port,
+            dir,
+            binary: redis_sentinel_path(),
+            args: vec![conf.display().to_string()],
+            child: Mutex::new(None),
+            starts: Mutex::new(0),
+            tls: false,
+            password: None,
+            ready: "+monitor master",
+        };
+        server.run();
+        server
+    }
+
     fn launch(name: &str, tls: bool, password: Option<String>) -> Self {
+        Self::launch_with(name, tls, password, &[])
+    }
+
+    /// A TLS-only instance that requires a client certificate signed by its CA
+    /// (`tls-auth-clients yes`, mutual TLS as managed services offer) and `password`.
+    pub fn start_mtls(password: &str) -> Self {
+        Self::launch_with(
+            "mtls",
+            true,
+            Some(password.to_owned()),
+            &["--tls-auth-clients".into(), "yes".into()],
+        )
+    }
+
+    /// The client certificate and its key, signed by the instance's CA.
+    pub fn client_cert(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("client.crt"), self.dir.join("client.key"))
+    }
+
+    fn launch_with(name: &str, tls: bool, password: Option<String>, extra: &[String]) -> Self {
         let dir = scratch_dir(name);
         let port = free_port();
         let mut args: Vec<String> = vec![
@@ -163,14 +241,17 @@ impl RedisServer {
             args.push("--requirepass".into());
             args.push(password.clone());
         }
+        args.extend(extra.iter().cloned());
         let server = RedisServer {
             port,
             dir,
+            binary: redis_server_path(),
             args,
             child: Mutex::new(None),
             starts: Mutex::new(0),
             tls,
             password,
+            ready: "Ready to accept connections",
         };
         server.run();
         server
@@ -180,7 +261,7 @@ impl RedisServer {
         let mut starts = self.starts.lock().unwrap();
         *starts += 1;
         let log = self.dir.join(format!("redis-{}.log", *starts));
-        let mut command = Command::new(redis_server_path());
+        let mut command = Command::new(&self.binary);
         command
             .args(&self.args)
             .arg("--logfile")
@@ -193,7 +274,7 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains("Ready to accept connections") {
+            if text.contains(self.ready) {
                 return;
             }
             assert!(
@@ -217,6 +298,11 @@ impl RedisServer {
 
     pub fn ca_file(&self) -> PathBuf {
         self.dir.join("ca.crt")
+    }
+
+    /// Whether the process is running (not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.lock().unwrap().is_some()
     }
 
     /// SIGKILL: the process dies with everything in memory (persistence is off).
@@ -394,6 +480,39 @@ fn make_certificates(dir: &Path) {
         "-extfile",
         "server.ext",
     ]);
+    let mut client = vec!["req"];
+    client.extend(ec);
+    client.extend([
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=admitgate test client",
+    ]);
+    openssl(&client);
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "client.ext",
+    ]);
 }
 
 /// The instance shared by the tests of one binary (each test uses its own limit key).
@@ -440,4 +559,328 @@ pub fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     (at(0.5), at(0.99))
+}
+
+/// A Sentinel deployment on loopback: a primary, a replica and three sentinels
+/// (`down-after-milliseconds 1000`, quorum 2), the service named `mymaster`.
+pub struct SentinelSet {
+    /// The data nodes; `nodes[0]` starts as the primary, `nodes[1]` as its replica.
+    pub nodes: Vec<RedisServer>,
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl SentinelSet {
+    /// Starts the five processes and waits until the sentinels know each other and the replica.
+    pub fn start() -> Self {
+        // A replica's first sync starts at once (Redis 7 waits 5 s for more replicas).
+        let quick = ["--repl-diskless-sync-delay".to_owned(), "0".to_owned()];
+        let primary = RedisServer::start_with("primary", &quick);
+        let mut replica_args = quick.to_vec();
+        replica_args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            primary.port.to_string(),
+        ]);
+        let replica = RedisServer::start_with("replica", &replica_args);
+        let sentinels = (0..3)
+            .map(|_| RedisServer::start_sentinel(primary.port))
+            .collect();
+        let set = SentinelSet {
+            nodes: vec![primary, replica],
+            sentinels,
+        };
+        set.wait_settled(Duration::from_secs(20));
+        set
+    }
+
+    /// `redis+sentinel://127.0.0.1:<s1>,127.0.0.1:<s2>,127.0.0.1:<s3>/mymaster/0`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/mymaster/0", hosts.join(","))
+    }
+
+    /// What a live sentinel reports about `mymaster`, as field → value.
+    pub fn master_info(&self) -> std::collections::HashMap<String, String> {
+        for sentinel in self.sentinels.iter().filter(|s| s.is_running()) {
+            let text = sentinel.command(&["SENTINEL", "MASTER", "mymaster"]);
+            let lines: Vec<&str> = text.lines().collect();
+            if lines.len() >= 2 {
+                return lines
+                    .chunks(2)
+                    .filter(|pair| pair.len() == 2)
+                    .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
+                    .collect();
+            }
+        }
+        panic!("no sentinel answered");
+    }
+
+    /// The port of the primary the sentinels name now, once every live sentinel names the same
+    /// one (right after a failover, the sentinels that did not lead it learn of it within a
+    /// couple of seconds).
+    pub fn primary_port(&self) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let named: Vec<String> = self
+                .sentinels
+                .iter()
+                .filter(|s| s.is_running())
+                .map(|s| s.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]))
+                .collect();
+            if named.windows(2).all(|pair| pair[0] == pair[1]) {
+                if let Some(port) = named.first().and_then(|n| n.lines().nth(1)) {
+                    return port.parse().unwrap();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels disagree: {named:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The data node on `port`.
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes.iter().find(|n| n.port == port).unwrap()
+    }
+
+    /// Until every live sentinel sees the two others and a replica that is up, and the
+    /// primary it names answers as a primary with a connected replica.
+    pub fn wait_settled(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let settled = self.sentinels.iter().filter(|s| s.is_running()).all(|s| {
+                let text = s.command(&["SENTINEL", "MASTER", "mymaster"]);
+                let lines: Vec<&str> = text.lines().collect();
+                let field = |name: &str| {
+                    lines
+                        .chunks(2)
+                        .find(|p| p.len() == 2 && p[0] == name)
+                        .map(|p| p[1].to_owned())
+                        .unwrap_or_default()
+                };
+                let live = self.sentinels.iter().filter(|s| s.is_running()).count();
+                field("num-other-sentinels") == (live - 1).to_string()
+                    && field("num-slaves") != "0"
+                    && field("flags") == "master"
+            }) && {
+                let port = self.primary_port();
+                let node = self.node(port);
+                node.is_running()
+                    && node
+                        .command(&["INFO", "replication"])
+                        .contains("state=online")
+            };
+            if settled {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not settle within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Polls `check` every 50 ms (blocking the thread) until it holds or `within` passes.
+pub fn eventually_blocking(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A cluster primary: its node id, its port, the slot ranges it serves.
+pub type Primary = (String, u16, Vec<(u16, u16)>);
+
+/// A Redis Cluster on loopback: three primaries and three replicas (`--cluster-enabled yes`,
+/// made with `redis-cli --cluster create`).
+pub struct ClusterSet {
+    pub nodes: Vec<RedisServer>,
+}
+
+/// `redis-cli`, next to redis-server (Debian's redis-tools, a dependency of redis-server).
+pub fn redis_cli_path() -> PathBuf {
+    let server = redis_server_path();
+    let beside = server.with_file_name("redis-cli");
+    if beside.is_file() {
+        beside
+    } else {
+        PathBuf::from("/usr/bin/redis-cli")
+    }
+}
+
+impl ClusterSet {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start_with(
+                    "cluster",
+                    &[
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-node-timeout".into(),
+                        "2000".into(),
+                        // A replica's first sync starts at once (Redis 7 waits 5 s).
+                        "--repl-diskless-sync-delay".into(),
+                        "0".into(),
+                    ],
+                )
+            })
+            .collect();
+        let mut create = Command::new(redis_cli_path());
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let set = ClusterSet { nodes };
+        eventually_blocking(Duration::from_secs(30), "the cluster is ok", || {
+            set.nodes
+                .iter()
+                .all(|n| n.command(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        });
+        eventually_blocking(
+            Duration::from_secs(30),
+            "every primary has its replica",
+            || {
+                set.primaries().iter().all(|(_, port, _)| {
+                    set.node(*port)
+                        .command(&["INFO", "replication"])
+                        .contains("state=online")
+                })
+            },
+        );
+        set
+    }
+
+    /// `redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>` (three seeds).
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self
+            .nodes
+            .iter()
+            .take(3)
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.nodes[0]
+            .command(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .unwrap()
+    }
+
+    /// Each primary: (its node id, its port, the slot ranges it serves).
+    pub fn primaries(&self) -> Vec<Primary> {
+        let text = self.nodes[0].command(&["CLUSTER", "NODES"]);
+        text.lines()
+            .filter(|line| line.contains("master") && !line.contains("fail"))
+            .map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+                let ranges = fields[8..]
+                    .iter()
+                    .filter(|f| !f.starts_with('['))
+                    .map(|f| match f.split_once('-') {
+                        Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                        None => (f.parse().unwrap(), f.parse().unwrap()),
+                    })
+                    .collect();
+                (fields[0].to_owned(), port, ranges)
+            })
+            .collect()
+    }
+
+    /// The primary serving `slot`: (node id, port).
+    pub fn owner(&self, slot: u16) -> (String, u16) {
+        self.primaries()
+            .into_iter()
+            .find(|(_, _, ranges)| ranges.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+            .map(|(id, port, _)| (id, port))
+            .expect("every slot is served")
+    }
+
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes.iter().find(|n| n.port == port).unwrap()
+    }
+
+    /// Moves `slot` to the primary `to` as `redis-cli --cluster reshard` does (IMPORTING,
+    /// MIGRATING, MIGRATE of its keys, SETSLOT NODE everywhere), pausing `pause` between the
+    /// steps so that calls meet the slot mid-migration (ASK, TRYAGAIN).
+    pub fn migrate_slot(&self, slot: u16, to: &(String, u16), pause: Duration) {
+        let (from_id, from_port) = self.owner(slot);
+        let (to_id, to_port) = to;
+        let slot_text = slot.to_string();
+        let source = self.node(from_port);
+        let target = self.node(*to_port);
+        assert_eq!(
+            target.command(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id]),
+            "OK"
+        );
+        assert_eq!(
+            source.command(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", to_id]),
+            "OK"
+        );
+        std::thread::sleep(pause);
+        let keys = source.command(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "1000"]);
+        let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        if !keys.is_empty() {
+            // One MIGRATE for all of them (atomic): a script never sees half of its keys.
+            let port = to_port.to_string();
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys.iter().copied());
+            let reply = source.command(&migrate);
+            assert!(reply == "OK" || reply == "NOKEY", "MIGRATE: {reply}");
+        }
+        std::thread::sleep(pause);
+        for (_, port, _) in self.primaries() {
+            let reply = self
+                .node(port)
+                .command(&["CLUSTER", "SETSLOT", &slot_text, "NODE", to_id]);
+            assert_eq!(reply, "OK", "SETSLOT NODE on {port}");
+        }
+    }
+}
+
+/// When the first of the sentinels on `ports` named a primary other than the one on `old`.
+pub fn first_naming(ports: &[u16], old: u16, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        for port in ports {
+            let Ok(mut stream) = TcpStream::connect(("127.0.0.1", *port)) else {
+                continue;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let request =
+                "*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n$8\r\nmymaster\r\n";
+            if stream.write_all(request.as_bytes()).is_err() {
+                continue;
+            }
+            let reply = read_reply(&mut stream);
+            if reply.lines().nth(1).is_some_and(|p| p != old.to_string()) {
+                return Instant::now();
+            }
+        }
+        assert!(Instant::now() < deadline, "no sentinel named a new primary");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
