@@ -607,6 +607,10 @@ def test_the_workflows_match_the_github_schema_and_cover_every_platform() -> Non
         assert done.returncode == 0, done.stdout + done.stderr
     ci = (WORKFLOWS / "ci.yml").read_text()
     assert "run: ./.ci/run" in ci
+    # The second test command runs too, on the oldest and the newest supported CPython.
+    pythons = yaml.safe_load(ci)["jobs"]["pythons"]
+    assert pythons["strategy"]["matrix"]["python"] == ["3.10", "3.13"]
+    assert any(step.get("run") == "./scripts/test-pythons" for step in pythons["steps"])
     release = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
     jobs = release["jobs"]
     linux = jobs["linux"]["strategy"]["matrix"]
