@@ -514,15 +514,24 @@ def test_stalled_bodies_cost_bounded_memory_and_are_closed_at_their_timeout(
     request = _send("echo stalled", pad=2000)
     cut = request.index(b"\r\n\r\n") + 4 + 1000
     before = rss()
-    stalled = [_connect(slow_broker) for _ in range(200)]
-    for sock in stalled:
-        sock.sendall(request[:cut])
-    time.sleep(0.5)
-    grown_kib = rss() - before
-    assert slow_broker.gauge("broker_gate_in_flight") == 0
-    assert grown_kib / 200 < 128, grown_kib
-    started = time.monotonic()
-    for sock in stalled:
-        assert read_response(sock).status == 408
-        sock.close()
-    assert time.monotonic() - started < BODY_TIMEOUT + 2
+    # Each sends as soon as it is connected: connecting all 200 first could take longer than
+    # the first-bytes timeout (1 s here) on a loaded machine, and the broker rightly closes a
+    # connection that sent nothing by then, unanswered.
+    stalled: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            sock = _connect(slow_broker)
+            stalled.append(sock)
+            sock.sendall(request[:cut])
+        time.sleep(0.5)
+        grown_kib = rss() - before
+        assert slow_broker.gauge("broker_gate_in_flight") == 0
+        assert grown_kib / 200 < 128, grown_kib
+        started = time.monotonic()
+        for sock in stalled:
+            assert read_response(sock).status == 408
+        assert time.monotonic() - started < BODY_TIMEOUT + 2
+    finally:
+        # A failed check must not leave 200 open sockets to the next test.
+        for sock in stalled:
+            sock.close()
