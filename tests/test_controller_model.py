@@ -26,13 +26,13 @@ Seeded and bounded: profile ``ci`` (the default) runs 25 examples of 30 steps;
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from _stateful import PROFILE, stateful_settings
 from admitgate import AdaptiveLimit, AdmissionGate, AdmissionRejected, build_admission_gate
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -47,35 +47,7 @@ TICK = 0.06
 WEIGHT = 1.0 / 8.0
 DOCUMENTED = {"deadline", "timeout", "queue_full"}
 
-settings.register_profile(
-    "controller-ci",
-    max_examples=25,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "controller-long",
-    max_examples=300,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "controller-debug",  # find a failure and print its steps: no shrinking, no replay
-    max_examples=300,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-PROFILE = {"long": "controller-long", "debug": "controller-debug"}.get(
-    os.environ.get("HYPOTHESIS_PROFILE", ""), "controller-ci"
-)
+SETTINGS = stateful_settings(ci=(25, 30), long=(300, 40), debug=(300, 40), derandomize_ci=True)
 
 
 @dataclass
@@ -317,7 +289,7 @@ class ControllerModel(RuleBasedStateMachine):
         ), (stats, rejected, waiting, running)
 
 
-ControllerModel.TestCase.settings = settings.get_profile(PROFILE)
+ControllerModel.TestCase.settings = SETTINGS
 test_the_controller_against_its_rules = ControllerModel.TestCase
 
 
@@ -470,8 +442,8 @@ def test_the_fleets_learned_limit_against_its_rules(redis_server: Any) -> None:
     run_state_machine_as_test(
         FleetControllerModel,
         settings=settings(
-            settings.get_profile(PROFILE),
-            max_examples=8 if PROFILE == "controller-ci" else 60,
+            SETTINGS,
+            max_examples=8 if PROFILE == "ci" else 60,
             stateful_step_count=20,
         ),
     )

@@ -32,13 +32,12 @@ Profiles: ``ci`` (default, 60 examples) and ``long`` (``HYPOTHESIS_PROFILE=long`
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from dataclasses import dataclass, field
 
 import admitgate
+from _stateful import stateful_settings
 from conftest import FakeSampler, settle
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -50,34 +49,7 @@ from hypothesis.stateful import (
 from praisonaiagents import gateway as reference_gateway
 from praisonaiagents.approval.registry import HUMAN_WAIT_SCOPE
 
-settings.register_profile(
-    "ci",
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "long",
-    max_examples=2000,
-    stateful_step_count=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "debug",  # find a failure fast: no shrinking
-    max_examples=200,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("ci", "long", "debug"):
-    PROFILE = "ci"
+SETTINGS = stateful_settings(ci=(60, 40), long=(2000, 60), debug=(200, 40))
 
 SOFT = 500.0
 # A reading of each kind; "none" is a sample with rss_mb=None (unknown: admits).
@@ -502,4 +474,4 @@ class GateMachine(RuleBasedStateMachine):
 
 
 TestGateModel = GateMachine.TestCase
-TestGateModel.settings = settings.get_profile(PROFILE)
+TestGateModel.settings = SETTINGS

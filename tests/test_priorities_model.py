@@ -32,43 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from dataclasses import dataclass, field
 
 import admitgate
+from _stateful import stateful_settings
 from conftest import settle
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-settings.register_profile(
-    "prio-ci",
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "prio-long",
-    max_examples=1000,
-    stateful_step_count=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "prio-debug",  # find a failure fast: no shrinking
-    max_examples=100,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-PROFILE = {"long": "prio-long", "debug": "prio-debug"}.get(
-    os.environ.get("HYPOTHESIS_PROFILE", ""), "prio-ci"
-)
+SETTINGS = stateful_settings(ci=(60, 40), long=(1000, 60), debug=(100, 40))
 TENANTS = ("", "a", "b")
 STEP = 1 << 20  # a tenant's virtual time per turn (weight 1)
 
@@ -389,4 +361,4 @@ class PriorityMachine(RuleBasedStateMachine):
 
 
 TestPriorityModel = PriorityMachine.TestCase
-TestPriorityModel.settings = settings.get_profile(PROFILE)
+TestPriorityModel.settings = SETTINGS
