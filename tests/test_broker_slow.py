@@ -205,6 +205,100 @@ def test_a_client_whose_long_body_is_still_arriving_takes_no_queue_place(env: An
         broker.stop()
 
 
+def test_a_queued_client_that_leaves_mid_body_withdraws_and_counts_as_cancelled(env: Any) -> None:
+    """Item 9, past --max-buffered-body: a request whose body is longer than what the broker
+    buffers before it queues (and longer than the peek) queued with the rest of its body
+    still arriving. Its client left while it waited; nothing read its socket then, so the
+    leaving was not seen: it was admitted when the slot freed, counted as admitted, and
+    failed while forwarding. Now a queued request whose body is not all in watches its
+    client's socket: it withdraws when the client closes, counted in
+    `broker_cancelled_total`. Seen failing before the fix: it stayed queued until the slot
+    freed, then `broker_admitted_total` was 2."""
+    executor = env.executor
+    wait_until(lambda: executor.running == 0, timeout=15)
+    executor.reset()
+    broker = _broker(
+        env,
+        "--max-in-flight",
+        "1",
+        "--queue-depth",
+        "4",
+        "--max-peek-bytes",
+        "1024",
+        "--max-buffered-body",
+        "4096",
+    )
+    queued = 'broker_queued_requests{transport="jsonrpc"}'
+    try:
+        holder = _connect(broker)
+        holder.sendall(_send("sleep 2"))
+        wait_until(lambda: executor.running == 1)
+        request = _send("echo queued", pad=64000)
+        with _connect(broker) as sock:
+            # The head and 16 KiB of a 64 KiB body: past the buffer, the rest still to come.
+            sock.sendall(request[: request.index(b"\r\n\r\n") + 4 + 16384])
+            broker.wait_for(queued, 1)
+        left = time.monotonic()
+        broker.wait_for(queued, 0, timeout=1.5)
+        assert time.monotonic() - left < 1.0
+        assert executor.running == 1  # withdrawn while the holder still runs
+        assert broker.gauge("broker_cancelled_total") == 1
+        assert read_response(holder).status == 200
+        holder.close()
+        broker.wait_for("broker_gate_in_flight", 0)
+        time.sleep(0.2)
+        assert executor.executions == 1
+        assert broker.gauge('broker_admitted_total{transport="jsonrpc"}') == 1
+    finally:
+        broker.stop()
+
+
+def test_an_admitted_client_that_leaves_mid_body_holds_its_slot_until_the_exchange_ends(
+    env: Any,
+) -> None:
+    """Item 9's other side: a client admitted while the rest of its body still streams
+    (longer than --max-buffered-body) holds its slot while it streams, however slowly
+    (within --request-body-timeout), and when it leaves, the slot is freed once the agent's
+    exchange has ended (the upstream request broken off: the agent ran nothing), not left
+    held, and the next client is served."""
+    executor = env.executor
+    wait_until(lambda: executor.running == 0, timeout=15)
+    executor.reset()
+    broker = _broker(
+        env,
+        "--max-in-flight",
+        "1",
+        "--queue-depth",
+        "0",
+        "--max-peek-bytes",
+        "1024",
+        "--max-buffered-body",
+        "4096",
+        "--request-body-timeout",
+        "5",
+    )
+    try:
+        request = _send("echo streamed", pad=64000)
+        head_end = request.index(b"\r\n\r\n") + 4
+        with _connect(broker) as sock:
+            sock.sendall(request[: head_end + 8192])
+            broker.wait_for("broker_gate_in_flight", 1)
+            for start in range(head_end + 8192, head_end + 32768, 4096):
+                time.sleep(0.1)
+                sock.sendall(request[start : start + 4096])
+                assert broker.gauge("broker_gate_in_flight") == 1
+            # Admitted and streaming: another client is refused (cap 1, no queue).
+            assert raw_exchange(broker.address, [_send("echo other")]).status == 429
+        left = time.monotonic()
+        broker.wait_for("broker_gate_in_flight", 0, timeout=3)
+        assert time.monotonic() - left < 2
+        assert executor.executions == 0
+        assert raw_exchange(broker.address, [_send("echo next")], timeout=10).status == 200
+        assert executor.executions == 1
+    finally:
+        broker.stop()
+
+
 # -- item 8: slow bodies -------------------------------------------------------------------------
 
 

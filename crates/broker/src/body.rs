@@ -28,6 +28,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use crate::leaving::ClientSocket;
+
 /// Any error a forwarded body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -66,18 +68,32 @@ impl Exchanges {
 }
 
 /// A client's request body: hyper's, counting its end in the connection's [`Exchanges`]
-/// (none on HTTP/2, where streams are independent).
+/// (none on HTTP/2, where streams are independent), with the HTTP/1.1 client's socket to
+/// see it leave while the body is not all read ([`ClientSocket`]).
 pub struct ClientBody {
     inner: Incoming,
     exchanges: Option<Arc<Exchanges>>,
+    socket: Option<ClientSocket>,
 }
 
 impl ClientBody {
     /// `inner`, counted in `exchanges` if given.
     pub fn new(inner: Incoming, exchanges: Option<Arc<Exchanges>>) -> Self {
-        let mut body = Self { inner, exchanges };
+        let mut body = Self {
+            inner,
+            exchanges,
+            socket: None,
+        };
         body.ended_if_done();
         body
+    }
+
+    /// The body of a request from the HTTP/1.1 client on `socket`. (An HTTP/2 client's
+    /// leaving needs no watch: hyper reads its connection whatever a stream's body does,
+    /// and drops the stream's request on a reset.)
+    pub fn watching(mut self, socket: ClientSocket) -> Self {
+        self.socket = Some(socket);
+        self
     }
 
     fn ended_if_done(&mut self) {
@@ -269,6 +285,15 @@ impl Replayed {
     /// Whether the whole body is held (nothing is left to arrive).
     pub fn is_held(&self) -> bool {
         self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    /// The client's socket while part of the body is still to arrive (and nothing reads
+    /// it): where the client's leaving shows.
+    pub fn unread_client(&self) -> Option<&ClientSocket> {
+        self.rest
+            .as_ref()
+            .filter(|rest| !rest.is_end_stream())
+            .and_then(|rest| rest.socket.as_ref())
     }
 
     /// What is left of the body must arrive by `deadline`, or the body fails.

@@ -45,6 +45,7 @@ pub mod body;
 pub mod config;
 pub mod deadline;
 pub mod headers;
+pub mod leaving;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

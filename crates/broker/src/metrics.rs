@@ -119,6 +119,13 @@ pub fn render(broker: &Broker) -> String {
     }
     family(
         &mut out,
+        "broker_cancelled_total",
+        "counter",
+        "Gated requests withdrawn while they waited for a slot (their client left).",
+    );
+    let _ = writeln!(out, "broker_cancelled_total {}", passage.stats().cancelled);
+    family(
+        &mut out,
         "broker_queued_requests",
         "gauge",
         "Gated requests waiting for a slot, by transport.",

@@ -15,6 +15,8 @@
 //! 3. **Admission** through the [`Passage`], with the caller's deadline
 //!    ([`crate::deadline`]: `grpc-timeout`, or Envoy's `x-envoy-expected-rq-timeout-ms`), once
 //!    the body has arrived (up to `--max-buffered-body`, within `--request-body-timeout`):
+//!    a request whose client closes while it waits withdraws, counted as cancelled (an
+//!    HTTP/1.1 body not all read yet: seen on the socket, [`crate::leaving`]);
 //!    a refusal is answered in place ([`crate::refusal`]); an admitted request's permit is
 //!    held by the upstream exchange, then rides in its response body ([`Held`]) until the
 //!    body ends; if the client leaves first, the rest is read and discarded, the permit held,
@@ -293,7 +295,24 @@ impl Broker {
                 };
                 let tenant = self.tenant(&parts.headers, route_tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
-                match self.passage.admit_by(&tenant, tid, deadline).await {
+                let admitting = self.passage.admit_by(&tenant, tid, deadline);
+                let admitted = match body.unread_client() {
+                    None => admitting.await,
+                    // The rest of a longer body is still to come and nothing reads it while
+                    // the request waits: the client's leaving shows on its socket, and the
+                    // request withdraws (dropping `admitting`), counted as cancelled.
+                    Some(client) => tokio::select! {
+                        biased;
+                        () = client.closed() => {
+                            self.passage
+                                .transports()
+                                .record_request(label, started.elapsed());
+                            return Ok(client_left());
+                        }
+                        admitted = admitting => admitted,
+                    },
+                };
+                match admitted {
                     Ok(permit) => {
                         // What is left of a longer body must come within the same time.
                         if let Some(by) = tokio::time::Instant::now()
@@ -598,6 +617,16 @@ fn upstream_uri(upstream: &Upstream, target: &str) -> Result<Uri, http::Error> {
 /// connection closes (the rest of the body is not waited for).
 fn body_timed_out() -> Response<ProxyBody> {
     let mut response = plain(StatusCode::REQUEST_TIMEOUT, "request body timed out\n");
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The client closed its connection while its request waited: the answer no one reads
+/// (hyper drops it with the connection).
+fn client_left() -> Response<ProxyBody> {
+    let mut response = plain(StatusCode::BAD_REQUEST, "client closed the connection\n");
     response
         .headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));

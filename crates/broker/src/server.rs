@@ -205,6 +205,7 @@ impl Connection {
             let broker = self.broker.clone();
             let exchanges = exchanges.clone();
             let peer = self.peer;
+            let socket = io.watch();
             service_fn(move |request: Request<Incoming>| {
                 exchanges.request();
                 if upgrade_protocol(request.headers()).is_some() {
@@ -212,7 +213,9 @@ impl Connection {
                     // handling, never handed back.
                     exchanges.upgrade();
                 }
-                let request = request.map(|body| ClientBody::new(body, Some(exchanges.clone())));
+                let request = request.map(|body| {
+                    ClientBody::new(body, Some(exchanges.clone())).watching(socket.clone())
+                });
                 let exchanges = exchanges.clone();
                 let broker = broker.clone();
                 async move {

@@ -3,12 +3,16 @@
 //! accepts none of the bytes the broker has for it for `--send-timeout` fails the
 //! connection (nginx's `send_timeout`): a client that stops reading cannot hold a slot for
 //! ever (its response is then read on and discarded, as for a client that left).
+//!
+//! The socket is shared (an `Arc`) with [`ClientSocket`], through which a request waiting
+//! for a slot with the rest of its body unread sees its client close the connection: hyper
+//! reads the socket only as the body is asked for, so nothing else would see it.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use std::future::Future;
@@ -16,6 +20,8 @@ use std::future::Future;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+use crate::leaving::ClientSocket;
 
 const SERVING: u8 = 0;
 const ASKED: u8 = 1;
@@ -46,7 +52,7 @@ impl HandBack {
 
 /// A client socket with bytes to replay before reading from it again.
 pub struct ClientIo {
-    stream: TcpStream,
+    stream: Arc<TcpStream>,
     replay: Bytes,
     hand_back: HandBack,
     /// How long a write may stay blocked (the client reads nothing) before it fails.
@@ -60,7 +66,7 @@ impl ClientIo {
     /// blocked for `send_timeout` fails.
     pub fn new(stream: TcpStream, replay: Bytes, send_timeout: Duration) -> Self {
         Self {
-            stream,
+            stream: Arc::new(stream),
             replay,
             hand_back: HandBack(Arc::new(AtomicU8::new(SERVING))),
             send_timeout,
@@ -105,6 +111,11 @@ impl ClientIo {
         &self.stream
     }
 
+    /// The socket as a request may watch it for its client's leaving.
+    pub fn watch(&self) -> ClientSocket {
+        ClientSocket::new(Arc::downgrade(&self.stream))
+    }
+
     /// Whether bytes are waiting to be replayed.
     pub fn has_buffered(&self) -> bool {
         !self.replay.is_empty()
@@ -146,7 +157,33 @@ impl AsyncRead for ClientIo {
             self.replay.advance(n);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            match self.stream.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // The readiness was stale (it is cleared): wait for the next.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
+    }
+}
+
+/// Writes `write` once the socket is writable (pending while it is not).
+fn poll_write_with<T>(
+    stream: &TcpStream,
+    cx: &mut Context<'_>,
+    mut write: impl FnMut(&TcpStream) -> io::Result<T>,
+) -> Poll<io::Result<T>> {
+    loop {
+        ready!(stream.poll_write_ready(cx))?;
+        match write(stream) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+            done => return Poll::Ready(done),
+        }
     }
 }
 
@@ -156,7 +193,7 @@ impl AsyncWrite for ClientIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        let polled = poll_write_with(&self.stream, cx, |stream| stream.try_write(buf));
         self.wrote(cx, polled)
     }
 
@@ -165,24 +202,26 @@ impl AsyncWrite for ClientIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        let polled = poll_write_with(&self.stream, cx, |stream| stream.try_write_vectored(bufs));
         self.wrote(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // A TCP socket has nothing of its own to flush.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.hand_back.asked() {
             // hyper has flushed everything (its shutdown flushes first); the socket stays
             // open for the client's next request.
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        // What tokio's own `poll_shutdown` does: the write side is shut down at once.
+        Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
     }
 }
