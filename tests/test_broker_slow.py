@@ -44,7 +44,7 @@ async def _big(request: Request) -> Response:
 
 def _app(executor: CountingExecutor, url: str) -> Any:
     app = build_sdk_app(executor, url)
-    app.router.routes.insert(0, Route("/big", _big, methods=["GET"]))
+    app.router.routes.insert(0, Route("/big", _big, methods=["GET", "POST"]))
     return app
 
 
@@ -434,12 +434,37 @@ def test_an_h2c_upstream_gets_an_authority_and_host_that_agree(env: Any) -> None
 # -- item 4: slow readers on the shared h2c connection -------------------------------------------
 
 
-def test_slow_readers_do_not_stall_other_clients_on_the_shared_h2c_connection(env: Any) -> None:
+@pytest.mark.parametrize("door", ["http", "grpc"])
+def test_slow_readers_do_not_stall_other_clients_on_the_shared_h2c_connection(
+    env: Any, door: str
+) -> None:
     """Item 4: four clients that stop reading 16 MiB responses used to exhaust the shared
-    h2c connection's flow-control window, and another client's response then got no body
-    for seconds. Seen failing before the fix: the fifth fetch timed out."""
-    broker = _broker(env, "--upstream-protocol", "h2", upstream=env.hypercorn.url)
+    h2c connection's flow-control window (hyper's defaults: 2 MiB per stream, 5 MiB for
+    the connection, handed back only as each body is read), and another client's 200 KB
+    response then got its head and no body. The gRPC upstream (always h2c) shares the same
+    client: the same requests labelled ``application/grpc`` go there.
+
+    The pool keeps one h2c connection while requests keep coming; one idle longer than
+    --upstream-idle-timeout is left to its streams and the next request opens another, which
+    hid the stall from the first version of this test (it waited 0.5 s, the default). So the
+    broker keeps its connection (4 s) and the fifth client comes as a busy agent's would.
+    Seen failing on a build with hyper's default windows (ReadTimeout: no body within 5 s);
+    passes in about 0.2 s with the broker's windows."""
     agent = env.hypercorn.url.removeprefix("http://")
+    if door == "grpc":
+        upstream = ["--grpc-upstream", env.hypercorn.url]
+        extra = "Content-Type: application/grpc\r\nContent-Length: 0\r\n"
+        method, headers = "POST", {"Host": agent, "Content-Type": "application/grpc"}
+    else:
+        upstream = ["--upstream-protocol", "h2"]
+        extra, method, headers = "", "GET", {"Host": agent}
+    broker = _broker(
+        env,
+        *upstream,
+        "--upstream-idle-timeout",
+        "4",
+        upstream=env.hypercorn.url if door == "http" else None,
+    )
     readers = []
     try:
         for _ in range(4):
@@ -448,12 +473,14 @@ def test_slow_readers_do_not_stall_other_clients_on_the_shared_h2c_connection(en
             host, port = broker.address.rsplit(":", 1)
             sock.connect((host, int(port)))
             # The agent's own address as Host: item 3 is tested on its own.
-            sock.sendall(f"GET /big HTTP/1.1\r\nHost: {agent}\r\n\r\n".encode())
-            sock.recv(1024)  # the head: the stream is open; then nothing more is read
+            sock.sendall(f"{method} /big HTTP/1.1\r\nHost: {agent}\r\n{extra}\r\n".encode())
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then nothing more is read
             readers.append(sock)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the slow readers' streams fill what they can
         started = time.monotonic()
-        response = httpx.get(broker.url + "/big?size=200000", headers={"Host": agent}, timeout=5)
+        response = httpx.request(
+            method, broker.url + "/big?size=200000", headers=headers, timeout=5
+        )
         assert response.status_code == 200 and len(response.content) == 200000
         assert time.monotonic() - started < 3
     finally:
