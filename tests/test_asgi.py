@@ -653,7 +653,12 @@ def test_an_sse_stream_holds_its_slot_until_it_ends(env: Any, front: Any) -> Non
     assert rejected(gate, "rest") == 2
 
 
-def test_a_client_leaving_mid_stream_frees_the_slot(env: Any, front: Any) -> None:
+def test_a_client_leaving_mid_stream_keeps_the_slot_until_the_work_ends(
+    env: Any, front: Any
+) -> None:
+    """Issue 22 item 7 for the in-process door: a client that leaves a stream while the
+    agent still works does not free the slot (the A2A SDK runs the task on); it is freed when
+    the stream's work ends. It used to be freed as the client left (this test said so)."""
     gate = new_gate(1)
     front(gate)
     k = key()
@@ -669,15 +674,19 @@ def test_a_client_leaving_mid_stream_frees_the_slot(env: Any, front: Any) -> Non
                         break
                 await started(env, k)
                 assert gate.in_flight == 1
-            # The client closed the stream while the agent still works: the slot is free.
-            await wait_until(lambda: gate.in_flight == 0)
+            # The client closed the stream while the agent still works: the slot is held.
+            await asyncio.sleep(0.3)
+            assert gate.in_flight == 1
             assert not env.latches[k].finished.is_set()
+            busy = await c.post("/", json=jsonrpc("SendMessage", send_params("echo back")))
+            assert busy.status_code == 429
+            env.latches[k].release()
+            await wait_until(lambda: gate.in_flight == 0)
             ok = await c.post("/", json=jsonrpc("SendMessage", send_params("echo back")))
             assert ok.status_code == 200
-            env.latches[k].release()
 
     run(main(), timeout=20)
-    assert counted(gate, "jsonrpc", 2)
+    assert counted(gate, "jsonrpc", 3)
 
 
 def test_a_queued_request_whose_client_leaves_withdraws(env: Any, front: Any) -> None:

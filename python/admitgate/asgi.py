@@ -54,7 +54,15 @@ still be polled and told to stop. ``gate_methods="all"`` gates every A2A request
 broker does.
 
 A gated request holds its slot until its response body has been sent in full (an SSE stream:
-the whole stream) or the client disconnects, whichever comes first. A client leaving shows
+the whole stream) or the app returns, whichever comes first: a slot is freed only when the
+agent's work for that request has ended. A client that leaves while the app still answers
+does not free it: the app is not told (``receive()`` does not return ``http.disconnect``) and
+what it sends is discarded, until its response has ended or ``abandoned_response_timeout``
+(60 s) has passed since the client left; then the app is told and the slot freed. So a
+stream whose client left runs to its end holding its slot (the A2A SDK runs a stream's task
+on after its client leaves), as the broker reads an abandoned response to its end. Work the
+app runs on *after it returns* (``returnImmediately``) is bounded only by
+:class:`admitgate.a2a.GatedAgentExecutor` on the same gate. A client leaving shows
 only as ``receive()`` returning ``http.disconnect``, after every body chunk sent before it, so
 the middleware reads a queued request's body to see it. While queued it reads up to
 ``max_peek_bytes`` more (kept for the app): a client that leaves then withdraws at once (it
@@ -339,11 +347,15 @@ class AdmissionMiddleware:
         max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
             method and ``id``; also how much more of a queued request's body is read (and
             kept) while it waits, and again when the gate settles it, to see its client leave.
+        abandoned_response_timeout: how long after a gated request's client left the app is
+            kept unaware (its sends discarded, the slot held) while it still answers; then it
+            is told (``http.disconnect``) and the slot freed. ``0``: told at once, the slot
+            freed as the client leaves.
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
-        ValueError: a path, ``gate_methods``, ``retry_after`` or ``max_peek_bytes`` is out
-            of range.
+        ValueError: a path, ``gate_methods``, ``retry_after``, ``max_peek_bytes`` or
+            ``abandoned_response_timeout`` is out of range.
     """
 
     def __init__(
@@ -357,6 +369,7 @@ class AdmissionMiddleware:
         session_id: Callable[[Scope], str] | None = None,
         retry_after: float | None = None,
         max_peek_bytes: int = 65536,
+        abandoned_response_timeout: float = 60.0,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (a callable), got {app!r}")
@@ -392,6 +405,17 @@ class AdmissionMiddleware:
         self.session_id = session_id
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
+        if (
+            isinstance(abandoned_response_timeout, bool)
+            or not isinstance(abandoned_response_timeout, int | float)
+            or not math.isfinite(abandoned_response_timeout)
+            or abandoned_response_timeout < 0
+        ):
+            raise ValueError(
+                "abandoned_response_timeout must be a finite number of seconds >= 0, "
+                f"got {abandoned_response_timeout!r}"
+            )
+        self.abandoned_response_timeout = float(abandoned_response_timeout)
         self._gate_all = gate_methods == "all"
         self._rules = sdk_rules(
             prefix, jsonrpc_path, gate_all=self._gate_all, max_peek_bytes=max_peek_bytes
@@ -510,14 +534,30 @@ class AdmissionMiddleware:
                 # app never runs.
                 return
             first = held.message()
+            response_ended = asyncio.Event()
+            client_left = False
 
             async def gated_receive() -> Message:
-                nonlocal first
+                nonlocal first, client_left
                 if first is not None:
                     message, first = first, None
                     return message
                 message = await receive()
                 if message["type"] == "http.disconnect":
+                    if not response_ended.is_set() and self.abandoned_response_timeout > 0:
+                        # The client left while the app still answers, and the agent may
+                        # still work for it (the A2A SDK runs a stream's task on after its
+                        # client left, and sse-starlette ends the response at this message):
+                        # the app is not told until its response has ended (what it sends is
+                        # discarded) or the timeout passes, so the slot stays held until the
+                        # work ends. The cap counts work at the agent, not clients waiting.
+                        client_left = True
+                        try:
+                            await asyncio.wait_for(
+                                response_ended.wait(), self.abandoned_response_timeout
+                            )
+                        except asyncio.TimeoutError:
+                            pass
                     await request_slot.end_request()
                 return message
 
@@ -529,9 +569,11 @@ class AdmissionMiddleware:
                     status = message["status"]
                     message = _take_throttle_header(message, request_slot)
                 try:
-                    await send(message)
+                    if not client_left:
+                        await send(message)
                 finally:
                     if message["type"] == "http.response.body" and not message.get("more_body"):
+                        response_ended.set()
                         end = perf_counter()
                         # An error answer's slot is held until the app returns: a framework
                         # that turns an exception into a 500 sends it first, then re-raises
