@@ -14,6 +14,7 @@ after a fraction of the work.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -23,12 +24,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import admitgate
+import grpc.aio
 import pytest
 from _a2a_app import ServerThread, build_sdk_app, jsonrpc, send_params
 from _attack import CountingExecutor, request_bytes
 from _broker import wait_until
+from _grpc_a2a import A2AServer, LoopThread, user_message
+from a2a.types import a2a_pb2_grpc
 from admitgate.a2a import GatedAgentExecutor
 from admitgate.asgi import AdmissionMiddleware
+from admitgate.grpc import AdmissionInterceptor
 
 
 def new_gate(cap: int) -> Any:
@@ -115,9 +120,88 @@ def test_an_abandoned_stream_is_waited_for_at_most_its_timeout(env: Any) -> None
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "1"])
 def test_a_bad_abandoned_response_timeout_is_refused_naming_it(bad: object) -> None:
+    app = build_sdk_app(CountingExecutor(), "http://x")
     with pytest.raises(ValueError, match=r"abandoned_response_timeout must be .*got"):
-        AdmissionMiddleware(
-            build_sdk_app(CountingExecutor(), "http://x"),
-            new_gate(1),
-            abandoned_response_timeout=bad,
-        )  # type: ignore[arg-type]
+        AdmissionMiddleware(app, new_gate(1), abandoned_response_timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"abandoned_response_timeout must be .*got"):
+        AdmissionInterceptor(new_gate(1), abandoned_response_timeout=bad)  # type: ignore[arg-type]
+
+
+# -- the gRPC interceptor ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rpc", ["SendMessage", "SendStreamingMessage"])
+@pytest.mark.parametrize("wrap", [False, True], ids=["interceptor", "interceptor+executor"])
+def test_grpc_calls_cancelled_early_never_let_the_agent_run_past_the_cap(
+    rpc: str, wrap: bool
+) -> None:
+    """The same through grpc.aio: five calls in a row each cancelled 0.3 s into 1.5 s of
+    work, at cap 1 with no queue; the agent never runs two at once."""
+    gate = new_gate(1)
+    counting = CountingExecutor()
+    server = A2AServer(
+        [AdmissionInterceptor(gate)],
+        wrap=lambda _: GatedAgentExecutor(counting, gate) if wrap else counting,
+    )
+    loop = LoopThread()
+    work = "sleep 1.5" if rpc == "SendMessage" else "task 1.5"
+
+    async def scenario() -> None:
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                for _ in range(5):
+                    call = getattr(stub, rpc)(user_message(work))
+                    await asyncio.sleep(0.3)
+                    call.cancel()
+                deadline = time.monotonic() + 10
+                while counting.running and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+        finally:
+            assert server.server is not None
+            await server.server.stop(0)
+
+    try:
+        loop.run(scenario(), timeout=30)
+    finally:
+        loop.close()
+    assert counting.running == 0
+    wait_until(lambda: gate.stats()["in_flight"] == 0, timeout=5)
+    assert counting.peak == 1, (counting.peak, counting.executions)
+    assert counting.executions == 1
+
+
+def test_a_cancelled_grpc_stream_is_waited_for_at_most_its_timeout() -> None:
+    """The bound: ``abandoned_response_timeout`` after the client cancelled, the handler is
+    closed and the slot freed even though the agent still works."""
+    gate = new_gate(1)
+    counting = CountingExecutor()
+    server = A2AServer(
+        [AdmissionInterceptor(gate, abandoned_response_timeout=0.5)], wrap=lambda _: counting
+    )
+    loop = LoopThread()
+
+    async def scenario() -> float:
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                call = stub.SendStreamingMessage(user_message("task 3"))
+                await call.read()
+                call.cancel()
+                left = time.monotonic()
+                while gate.stats()["in_flight"] and time.monotonic() - left < 5:
+                    await asyncio.sleep(0.01)
+                freed = time.monotonic() - left
+                assert counting.running == 1  # the agent still works: the bound freed it
+                return freed
+        finally:
+            assert server.server is not None
+            await server.server.stop(0)
+
+    try:
+        freed = loop.run(scenario(), timeout=30)
+    finally:
+        loop.close()
+    assert 0.3 < freed < 2.5, freed

@@ -501,7 +501,10 @@ def test_stream_holds_its_slot_until_it_ends(servers: Servers, run: Any) -> None
     run(scenario())
 
 
-def test_cancelled_calls_free_their_slots(servers: Servers, run: Any) -> None:
+def test_cancelled_calls_keep_their_slots_until_the_work_ends(servers: Servers, run: Any) -> None:
+    """Issue 22 item 7 for the in-process door: a call the client cancels keeps its slot
+    while its handler (the agent's work) still runs; it is freed when that ends. They used
+    to be freed at the cancellation (this test said so) while the agent worked on."""
     s = servers.work
 
     async def scenario() -> None:
@@ -512,8 +515,12 @@ def test_cancelled_calls_free_their_slots(servers: Servers, run: Any) -> None:
             await s.executor.started("cancel-unary")
             assert s.gate.in_flight == 2
             stream.cancel()
-            await until(lambda: s.gate.in_flight == 1)
             unary.cancel()
+            await asyncio.sleep(0.3)
+            assert s.gate.in_flight == 2  # the agent still works for both
+            s.executor.release("cancel-stream")
+            await until(lambda: s.gate.in_flight == 1)
+            s.executor.release("cancel-unary")
             await until(lambda: s.gate.in_flight == 0)
             # Both slots are usable again.
             again = [stub.SendMessage(user_message(f"after-cancel-{i}")) for i in range(2)]
@@ -521,8 +528,6 @@ def test_cancelled_calls_free_their_slots(servers: Servers, run: Any) -> None:
                 "echo:after-cancel-0",
                 "echo:after-cancel-1",
             ]
-            s.executor.release("cancel-stream")  # the agent's own work goes on; let it end
-            s.executor.release("cancel-unary")
 
     run(scenario())
 

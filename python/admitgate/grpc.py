@@ -193,7 +193,14 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     pushback trailer when it has none (reason ``policy``).
 
     A gated call holds its slot until it ends: a unary call until its response is ready, a
-    streaming call until its last message is sent, it fails, or the client cancels it.
+    streaming call until its handler has sent its last message or failed. A slot is freed
+    only when the agent's work for the call has ended: a streaming call the client cancels
+    keeps its slot while its handler still runs (the A2A SDK's would otherwise hand the
+    task to a background consumer and the agent would work on unbounded), and so does a
+    unary one. The handler runs on a task of its own, so the cancellation does not reach it;
+    what it answers is discarded until it ends or ``abandoned_response_timeout`` (seconds,
+    default 60, as the broker's flag) passes, then it is cancelled and the slot freed
+    (``0``: at once).
     A :class:`admitgate.a2a.GatedAgentExecutor` on the same gate, running the call's work,
     takes over the call's slot instead of a second one (as behind the HTTP middleware): the
     slot is released when both the call and ``execute`` are done, so ``returnImmediately`` work
@@ -211,6 +218,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         gate_methods: Literal["work", "all"] = "work",
         session_id: SessionId | None = None,
         retry_after: float | None = None,
+        abandoned_response_timeout: float = 60.0,
     ) -> None:
         check_gate(gate)
         if gate_methods not in GATE_METHODS:
@@ -218,6 +226,17 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if session_id is not None and not callable(session_id):
             raise TypeError(f"session_id must be a callable or None, got {session_id!r}")
         fixed_retry_after = _seconds_or_none("retry_after", retry_after)
+        if (
+            isinstance(abandoned_response_timeout, bool)
+            or not isinstance(abandoned_response_timeout, (int, float))
+            or not math.isfinite(abandoned_response_timeout)
+            or abandoned_response_timeout < 0
+        ):
+            raise ValueError(
+                "abandoned_response_timeout must be a finite number of seconds >= 0, "
+                f"got {abandoned_response_timeout!r}"
+            )
+        self._abandoned_timeout = float(abandoned_response_timeout)
         self._gate = gate
         self._gate_all = gate_methods == "all"
         self._session_id = session_id
@@ -277,9 +296,15 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                     slot = await self._enter(method, context)
                     token = CURRENT_SLOT.set(slot)
                     try:
-                        async with aclosing(behaviour(request, context)) as responses:
-                            async for response in responses:
+                        pump = _Pump(behaviour(request, context))
+                        try:
+                            async for response in pump:
                                 yield response
+                        finally:
+                            # Ended, failed, or cancelled by the client: in the last case
+                            # the handler (the agent's work) runs on, its messages
+                            # discarded, and the slot stays held until it ends.
+                            await pump.finish(self._abandoned_timeout)
                     except BaseException as exc:
                         slot.saw(exc)  # a throttle_on exception is a 429 signal
                         raise
@@ -300,7 +325,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 slot = await self._enter(method, context)
                 token = CURRENT_SLOT.set(slot)
                 try:
-                    return await behaviour(request, context)
+                    return await _run_to_end(behaviour(request, context), self._abandoned_timeout)
                 except BaseException as exc:
                     slot.saw(exc)  # a throttle_on exception is a 429 signal
                     raise
@@ -398,6 +423,77 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 record(PASSTHROUGH, time.perf_counter() - started)
 
         return _rebuild(handler, sync_unary)
+
+
+_END: Any = object()
+
+
+async def _run_to_end(handling: Awaitable[Any], timeout: float) -> Any:
+    """Awaits a unary handler on a task of its own: a client's cancellation reaches the
+    call's task, not the handler's, which runs on (its answer discarded, the slot held) for
+    at most ``timeout`` seconds, then is cancelled; the call's cancellation then propagates."""
+    task = asyncio.ensure_future(handling)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            await asyncio.wait({task}, timeout=timeout)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        raise
+
+
+class _Pump:
+    """A streaming handler's messages, produced on a task of its own (one message ahead of
+    the call): a client's cancellation reaches the call's task, not the handler's, so the
+    handler (and the agent's work it streams) can run to its end with the slot held. The
+    task runs in a copy of the call's context (``CURRENT_SLOT`` included)."""
+
+    def __init__(self, responses: AsyncIterator[Any]) -> None:
+        self._queue: asyncio.Queue[tuple[Any, BaseException | None]] = asyncio.Queue(1)
+        self._ended = False
+        self._task = asyncio.ensure_future(self._run(responses))
+
+    async def _run(self, responses: AsyncIterator[Any]) -> None:
+        try:
+            async with aclosing(responses) as running:  # type: ignore[type-var]
+                async for response in running:
+                    await self._queue.put((response, None))
+        except asyncio.CancelledError:
+            raise  # closed by finish(): nobody reads any more
+        except BaseException as exc:  # the handler's failure (an abort too) is the call's
+            await self._queue.put((_END, exc))
+            return
+        await self._queue.put((_END, None))
+
+    def __aiter__(self) -> _Pump:
+        return self
+
+    async def __anext__(self) -> Any:
+        response, error = await self._queue.get()
+        if response is _END:
+            self._ended = True
+            if error is not None:
+                raise error
+            raise StopAsyncIteration
+        return response
+
+    async def finish(self, timeout: float) -> None:
+        """Lets the handler run to its end, its messages discarded, for at most ``timeout``
+        seconds; then closes it."""
+        if not self._ended:
+
+            async def discard() -> None:
+                while (await self._queue.get())[0] is not _END:
+                    pass
+
+            try:
+                await asyncio.wait_for(discard(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 def _take_throttle_trailer(context: grpc.aio.ServicerContext[Any, Any], slot: RequestSlot) -> None:
