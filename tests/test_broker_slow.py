@@ -253,6 +253,70 @@ def test_a_queued_client_that_leaves_mid_body_withdraws_and_counts_as_cancelled(
         broker.stop()
 
 
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_a_queued_h2_client_that_leaves_mid_body_withdraws(env: Any, how: str) -> None:
+    """Item 9 over HTTP/2: a queued stream whose body is still arriving, its client resetting
+    the stream or closing the connection, withdraws at once (hyper reads an h2 connection
+    whatever a stream's body does), counted as cancelled and never admitted."""
+    import h2.config
+    import h2.connection
+    import h2.errors
+
+    executor = env.executor
+    wait_until(lambda: executor.running == 0, timeout=15)
+    executor.reset()
+    broker = _broker(
+        env,
+        "--max-in-flight",
+        "1",
+        "--queue-depth",
+        "4",
+        "--max-peek-bytes",
+        "1024",
+        "--max-buffered-body",
+        "4096",
+    )
+    queued = 'broker_queued_requests{transport="jsonrpc"}'
+    try:
+        holder = _connect(broker)
+        holder.sendall(_send("sleep 2"))
+        wait_until(lambda: executor.running == 1)
+        params = send_params("echo queued")
+        params["metadata"] = {"pad": "p" * 64000}
+        body = json.dumps(jsonrpc("SendMessage", params)).encode()
+        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        connection.initiate_connection()
+        connection.send_headers(
+            1,
+            [
+                (":method", "POST"),
+                (":path", "/"),
+                (":scheme", "http"),
+                (":authority", "agent"),
+                ("content-type", "application/json"),
+                ("a2a-version", "1.0"),
+                ("content-length", str(len(body))),
+            ],
+        )
+        connection.send_data(1, body[:16384])  # past the buffer; the rest never comes
+        with _connect(broker) as sock:
+            sock.sendall(connection.data_to_send())
+            broker.wait_for(queued, 1)
+            if how == "reset":
+                connection.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+                sock.sendall(connection.data_to_send())
+                broker.wait_for(queued, 0, timeout=1.5)
+        broker.wait_for(queued, 0, timeout=1.5)
+        assert executor.running == 1
+        assert broker.gauge("broker_cancelled_total") == 1
+        assert read_response(holder).status == 200
+        holder.close()
+        broker.wait_for("broker_gate_in_flight", 0)
+        assert broker.gauge('broker_admitted_total{transport="jsonrpc"}') == 1
+    finally:
+        broker.stop()
+
+
 def test_an_admitted_client_that_leaves_mid_body_holds_its_slot_until_the_exchange_ends(
     env: Any,
 ) -> None:
@@ -513,13 +577,20 @@ def slow_broker(env: Any) -> Iterator[BrokerProcess]:
         str(ABANDONED_TIMEOUT),
         "--send-timeout",
         "2",
+        # Small, so the long-body phase (a body longer than what is buffered before the
+        # request queues, the rest still arriving) stays small.
+        "--max-peek-bytes",
+        "1024",
+        "--max-buffered-body",
+        "4096",
     )
     yield broker
     broker.stop()
 
 
-#: What one client does: the phase it stops in, and whether it then leaves or stalls there.
-PHASES = ["headers", "body", "waiting", "stream-head", "stream-body"]
+#: What one client does: the phase it stops in, and whether it then leaves or stalls there
+#: ("long-body": past --max-buffered-body, so it may queue with the rest of its body to come).
+PHASES = ["headers", "body", "long-body", "waiting", "stream-head", "stream-body"]
 
 
 def _behave(broker: BrokerProcess, phase: str, leave: bool, cut: float) -> None:
@@ -530,7 +601,7 @@ def _behave(broker: BrokerProcess, phase: str, leave: bool, cut: float) -> None:
     request = _send(
         "task 0.5" if streaming else "sleep 0.5",
         rpc="SendStreamingMessage" if streaming else "SendMessage",
-        pad=300,
+        pad=16000 if phase == "long-body" else 300,
     )
     head_end = request.index(b"\r\n\r\n") + 4
     with _connect(broker) as sock:
@@ -539,12 +610,15 @@ def _behave(broker: BrokerProcess, phase: str, leave: bool, cut: float) -> None:
             sock.sendall(request[: max(1, int(head_end * cut))])
         elif phase == "body":
             sock.sendall(request[: head_end + int((len(request) - head_end) * cut)])
+        elif phase == "long-body":
+            # Past the 4 KiB buffered before the slot, short of the end.
+            sock.sendall(request[: head_end + 4096 + int((len(request) - head_end - 4096) * cut)])
         else:
             sock.sendall(request)
         if leave:
             time.sleep(0.05 + cut * 0.3)
             return
-        if phase in ("headers", "body"):
+        if phase in ("headers", "body", "long-body"):
             # The broker ends it (408, or a close) within its timeout; it holds no slot.
             started = time.monotonic()
             try:
@@ -552,7 +626,10 @@ def _behave(broker: BrokerProcess, phase: str, leave: bool, cut: float) -> None:
                     pass
             except OSError:
                 pass
-            assert time.monotonic() - started < BODY_TIMEOUT + 2
+            # A long body may first wait for a slot (others hold theirs up to their work's
+            # end); its rest then has the body timeout from admission.
+            queued = ABANDONED_TIMEOUT if phase == "long-body" else 0
+            assert time.monotonic() - started < BODY_TIMEOUT + 2 + queued
         elif phase == "stream-body":
             # A slow reader: the head, then nothing read for a while, then the rest.
             sock.recv(1024)
