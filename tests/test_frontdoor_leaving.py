@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 import types
 import uuid
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import admitgate
+import grpc
 import grpc.aio
 import pytest
 from _a2a_app import ServerThread, build_sdk_app, jsonrpc, send_params
@@ -34,6 +36,8 @@ from a2a.types import a2a_pb2_grpc
 from admitgate.a2a import GatedAgentExecutor
 from admitgate.asgi import AdmissionMiddleware
 from admitgate.grpc import AdmissionInterceptor
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 def new_gate(cap: int) -> Any:
@@ -205,3 +209,147 @@ def test_a_cancelled_grpc_stream_is_waited_for_at_most_its_timeout() -> None:
     finally:
         loop.close()
     assert 0.3 < freed < 2.5, freed
+
+
+# -- generated: clients that leave at every phase, at both doors ----------------------------------
+
+#: The generated run's cap and queue.
+CAP, QUEUE = 2, 2
+
+
+def new_queued_gate() -> Any:
+    gate = admitgate.build_admission_gate(max_concurrent_runs=CAP, queue_depth=QUEUE)
+    assert gate is not None
+    return gate
+
+
+@pytest.fixture(scope="module")
+def grpc_env() -> Iterator[types.SimpleNamespace]:
+    """A grpc.aio server with the interceptor alone (cap 2, queue 2), once for the module."""
+    gate = new_queued_gate()
+    counting = CountingExecutor()
+    server = A2AServer([AdmissionInterceptor(gate)], wrap=lambda _: counting)
+    loop = LoopThread()
+    loop.run(server.start())
+    yield types.SimpleNamespace(gate=gate, executor=counting, target=f"127.0.0.1:{server.port}")
+
+    async def stop() -> None:
+        assert server.server is not None
+        await server.server.stop(0)
+
+    loop.run(stop())
+    loop.close()
+
+
+def _http_client(url: str, rpc: str, phase: str, wait: float) -> None:
+    """One HTTP client: it leaves mid-body, or after ``wait`` seconds (queued, running, or
+    mid-stream), or stays to the end (``phase == "stay"``)."""
+    work = "sleep 0.6" if rpc == "SendMessage" else "task 0.6"
+    request = _send(work, rpc)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        if phase == "mid-body":
+            sock.sendall(request[: len(request) - 10])
+            time.sleep(wait)
+            return
+        sock.sendall(request)
+        if phase == "leave":
+            time.sleep(wait)
+            return
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+
+def _grpc_client(target: str, rpc: str, phase: str, wait: float) -> None:
+    """One gRPC client: it cancels after ``wait`` seconds, or stays to the end."""
+    work = "sleep 0.6" if rpc == "SendMessage" else "task 0.6"
+    with grpc.insecure_channel(target) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        call: Any = (
+            stub.SendMessage.future(user_message(work))
+            if rpc == "SendMessage"
+            else stub.SendStreamingMessage(user_message(work))
+        )
+        if phase != "stay":
+            time.sleep(wait)
+            call.cancel()
+            return
+        try:
+            if rpc == "SendMessage":
+                call.result()
+            else:
+                for _ in call:
+                    pass
+        except grpc.RpcError:
+            pass  # refused (queue full): a documented refusal
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    door=st.sampled_from(["asgi", "grpc"]),
+    clients=st.lists(
+        st.tuples(
+            st.sampled_from(["SendMessage", "SendStreamingMessage"]),
+            st.sampled_from(["leave", "stay", "mid-body"]),
+            st.floats(0.02, 0.5),
+        ),
+        min_size=2,
+        max_size=6,
+    ),
+)
+def test_clients_leaving_at_any_phase_never_run_the_agent_past_its_slots(
+    env: Any, grpc_env: Any, door: str, clients: list[tuple[str, str, float]]
+) -> None:
+    """Generated: clients at either door that leave mid-body, while queued, while the agent
+    works or mid-stream, or stay, several at once (cap 2, queue 2). Invariants, sampled every
+    10 ms while they run: the agent never runs more than the slots held (a slot is freed only
+    when the work has ended), never more than the cap; afterwards every slot comes back.
+    Seen failing on the doors before this round's fixes."""
+    if door == "asgi":
+        gate = new_queued_gate()
+        executor = CountingExecutor()
+        env.server.switch.app = AdmissionMiddleware(build_sdk_app(executor, env.server.url), gate)
+
+        def client(rpc: str, phase: str, wait: float) -> None:
+            _http_client(env.server.url, rpc, phase, wait)
+    else:
+        gate, executor = grpc_env.gate, grpc_env.executor
+        wait_until(lambda: executor.running == 0 and gate.in_flight == 0, timeout=10)
+        executor.reset()
+
+        def client(rpc: str, phase: str, wait: float) -> None:
+            _grpc_client(grpc_env.target, rpc, "leave" if phase == "mid-body" else phase, wait)
+
+    violations: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            before = gate.in_flight
+            running = executor.running
+            after = gate.in_flight
+            if running > max(before, after):
+                violations.append((running, max(before, after)))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    threads = [threading.Thread(target=client, args=c, daemon=True) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    wait_until(lambda: executor.running == 0, timeout=10)
+    wait_until(lambda: gate.in_flight == 0 and gate.queued == 0, timeout=5)
+    stop.set()
+    sampler.join(5)
+    assert not violations, (door, clients, violations)
+    assert executor.peak <= CAP, (door, clients, executor.peak)
