@@ -36,7 +36,8 @@ from ._errors import REJECTION_REASONS, AdmissionRejected
 class RequestSlot:
     """The slot a gated request holds, shareable with :class:`admitgate.a2a.GatedAgentExecutor`.
 
-    The request holds one share until its response ends or its client disconnects; an
+    The request holds one share until its response ends or its handler returns (a client that
+    left does not end it while the handler runs); an
     executor running that request's work on the same gate may adopt a second share, so the
     slot is released when both are done and the same work never takes two slots.
 
