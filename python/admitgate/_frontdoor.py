@@ -37,9 +37,9 @@ class RequestSlot:
     """The slot a gated request holds, shareable with :class:`admitgate.a2a.GatedAgentExecutor`.
 
     The request holds one share until its response ends or its handler returns (a client that
-    left does not end it while the handler runs); an
-    executor running that request's work on the same gate may adopt a second share, so the
-    slot is released when both are done and the same work never takes two slots.
+    left does not end it while the handler runs); an executor running that request's work on
+    the same gate may adopt a second share, so the slot is released when both are done and
+    the same work never takes two slots.
 
     The turn ends as a turn's ``async with gate.admit()`` block ends: with the exception that
     left the request's handler or its work, if one did (:meth:`saw`), so an exception of
