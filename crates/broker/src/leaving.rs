@@ -46,3 +46,49 @@ impl ClientSocket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::ClientSocket;
+
+    /// A connected pair: the client's end and the server's (shared, as `ClientIo` holds it).
+    async fn pair() -> (TcpStream, Arc<TcpStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, Arc::new(server))
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_behind_unread_bytes_is_seen() {
+        let (mut client, server) = pair().await;
+        let watched = ClientSocket::new(Arc::downgrade(&server));
+        client.write_all(&[b'x'; 8192]).await.unwrap();
+        // Bytes wait unread and the client is still there: not closed.
+        let early = tokio::time::timeout(Duration::from_millis(200), watched.closed()).await;
+        assert!(early.is_err(), "an open client was taken for gone");
+        drop(client);
+        let seen = tokio::time::timeout(Duration::from_secs(2), watched.closed()).await;
+        assert!(
+            seen.is_ok(),
+            "the client's close behind unread bytes was not seen"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_is_gone_counts_as_closed() {
+        let (_client, server) = pair().await;
+        let watched = ClientSocket::new(Arc::downgrade(&server));
+        drop(server);
+        let seen = tokio::time::timeout(Duration::from_millis(200), watched.closed()).await;
+        assert!(seen.is_ok());
+    }
+}
