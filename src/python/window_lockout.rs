@@ -176,9 +176,19 @@ fn finite_now(now: Option<f64>) -> PyResult<f64> {
     match now {
         None => Ok(wall_clock()),
         Some(t) if t.is_finite() => Ok(t),
-        Some(t) => Err(PyValueError::new_err(format!(
-            "now must be a finite number of seconds, got {t:?}"
-        ))),
+        Some(t) => {
+            // As Python shows it.
+            let shown = if t.is_nan() {
+                "nan"
+            } else if t > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            };
+            Err(PyValueError::new_err(format!(
+                "now must be a finite number of seconds, got {shown}"
+            )))
+        }
     }
 }
 

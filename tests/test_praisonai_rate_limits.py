@@ -1,0 +1,282 @@
+"""BotOS's rate limiters on admitgate (``admitgate.praisonai.rate_limit_policy`` and the
+``build_auth_rate_limiter`` install() wires), against the real reference classes:
+praisonaiagents 1.7.17's ``SlidingWindowRateLimitPolicy`` and praisonai-bot 0.1.16's
+``AuthRateLimiter``.
+
+Parity: 10,000 generated ``(identity, scope, now)`` sequences each, every decision and retry
+hint equal (``==`` on floats: the same float operations), locally; fleet-wide, every decision
+equal to the reference fed with the Redis time the decision was made at. Then each documented
+fix, shown against the reference; the fleet's keys, outages and the event loop's worst block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import types
+from typing import Any
+
+import pytest
+from praisonai_bot.gateway import rate_limiter as reference_module
+from praisonaiagents.gateway.protocols import (
+    RateLimitDecision,
+    RateLimitPolicyProtocol,
+    SlidingWindowRateLimitPolicy,
+)
+
+import admitgate
+from admitgate.praisonai import build_auth_rate_limiter, rate_limit_policy
+
+SEQUENCES = 10_000
+
+IDENTITIES = ["10.0.0.1", "10.0.0.2", "alice", "bob@example.com", "", "ünï", "a" * 60]
+SCOPES = ["approval_pending", "ws_upgrade", "magic_link", "tenant-7", ""]
+WINDOWS = [0.05, 0.1, 0.3, 1.0, 2.5, 60.0]
+
+
+def _rule(rng: random.Random, *, zero_max: bool = True, zero_lockout: bool = True) -> tuple:
+    max_requests = rng.randint(0 if zero_max else 1, 5)
+    window = rng.choice(WINDOWS) if rng.random() < 0.7 else round(rng.uniform(0.01, 5), 3)
+    lockout = (
+        0.0 if zero_lockout and rng.random() < 0.4 else rng.choice([0.07, 0.2, 1.0, 3.0, 300.0])
+    )
+    return max_requests, window, lockout
+
+
+def _times(rng: random.Random, window: float, lockout: float, steps: int) -> list[float]:
+    """Clock readings that land on and around the rule's edges: equal times, steps of exactly a
+    window or a lockout (where float rounding decides), tiny and large steps, and (rarely) a
+    clock that steps back."""
+    now = rng.choice([0.0, 1000.125, 1.7e9 + rng.random(), rng.uniform(0, 1e6)])
+    out = []
+    for _ in range(steps):
+        out.append(now)
+        r = rng.random()
+        if r < 0.15:
+            step = 0.0
+        elif r < 0.3:
+            step = window
+        elif r < 0.4:
+            step = lockout
+        elif r < 0.5:
+            step = window * rng.choice([0.5, 0.999999, 1.000001, 2.0, 0.1])
+        elif r < 0.55:
+            step = -rng.uniform(0, window)
+        else:
+            step = rng.uniform(0, window * 0.6)
+        now += step
+    return out
+
+
+def _sequence(rng: random.Random, window: float, lockout: float) -> list[tuple[str, str, float]]:
+    steps = rng.randint(1, 30)
+    identities = rng.sample(IDENTITIES, rng.randint(1, 3))
+    scopes = rng.sample(SCOPES, rng.randint(1, 2))
+    return [
+        (rng.choice(identities), rng.choice(scopes), now)
+        for now in _times(rng, window, lockout, steps)
+    ]
+
+
+# ------------------------------------------------------------------ the policy, locally
+
+
+def test_the_policy_is_a_rate_limit_policy_protocol_with_the_references_attributes():
+    policy = rate_limit_policy(5, window_seconds=60, lockout_seconds=300)
+    reference = SlidingWindowRateLimitPolicy(5, 60, 300)
+    assert isinstance(policy, RateLimitPolicyProtocol)
+    for name in ("max_requests", "window_seconds", "lockout_seconds", "enabled"):
+        assert getattr(policy, name) == getattr(reference, name), name
+    assert rate_limit_policy(0).enabled is False
+    decision = policy.check(identity="alice", scope="login", now=1.0)
+    assert type(decision) is RateLimitDecision and decision == RateLimitDecision(allowed=True)
+
+
+def test_policy_parity_on_generated_sequences():
+    """10,000 sequences: every decision (allowed, retry_after_seconds) equal to the reference's."""
+    decisions = refused = 0
+    for seed in range(SEQUENCES):
+        rng = random.Random(seed)
+        max_requests, window, lockout = _rule(rng)
+        ours = rate_limit_policy(max_requests, window, lockout)
+        reference = SlidingWindowRateLimitPolicy(max_requests, window, lockout)
+        for step, (identity, scope, now) in enumerate(_sequence(rng, window, lockout)):
+            got = ours.check(identity=identity, scope=scope, now=now)
+            want = reference.check(identity=identity, scope=scope, now=now)
+            assert got == want, (
+                f"seed {seed} step {step}: rule {(max_requests, window, lockout)} "
+                f"{identity!r}/{scope!r} at {now!r}: {got} != {want}"
+            )
+            decisions += 1
+            refused += not want.allowed
+    # The generator reaches both answers often (a test that cannot fail proves nothing).
+    assert decisions > 100_000 and refused > 20_000, (decisions, refused)
+
+
+# ------------------------------------------------------------------ the auth limiter, locally
+
+
+class _Clock:
+    """Stands in for the ``time`` module inside praisonai-bot's rate_limiter module, so the
+    reference reads the generated clock (it calls ``time.time()``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def reference_clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(reference_module, "time", types.SimpleNamespace(time=clock.time))
+    return clock
+
+
+def test_auth_limiter_parity_on_generated_sequences(reference_clock: _Clock):
+    """10,000 sequences of allow / time_until_allowed / reset, with a lockout (the gateway's
+    configuration) and fewer keys than max_keys: every answer equal to AuthRateLimiter's."""
+    answers = refused = 0
+    for seed in range(SEQUENCES):
+        rng = random.Random(seed)
+        max_attempts, window, lockout = _rule(rng, zero_max=False, zero_lockout=False)
+        ours = build_auth_rate_limiter(
+            max_attempts=max_attempts, window_seconds=window, lockout_seconds=lockout
+        )
+        reference = reference_module.AuthRateLimiter(max_attempts, window, lockout)
+        for step, (identity, endpoint, now) in enumerate(_sequence(rng, window, lockout)):
+            reference_clock.now = now
+            r = rng.random()
+            where = f"seed {seed} step {step}: {identity!r}/{endpoint!r} at {now!r}"
+            if r < 0.03:
+                ours.reset(endpoint, identity)
+                reference.reset(endpoint, identity)
+                continue
+            got = ours.allow(endpoint, identity, now)
+            want = reference.allow(endpoint, identity)
+            assert got == want, where
+            got_wait = ours.time_until_allowed(endpoint, identity, now)
+            assert got_wait == reference.time_until_allowed(endpoint, identity), where
+            answers += 1
+            refused += not want
+    assert answers > 100_000 and refused > 20_000, (answers, refused)
+
+
+def test_install_puts_the_builder_in_the_gateways_place_and_uninstall_restores_it():
+    import admitgate.praisonai as integration
+
+    original = reference_module.build_auth_rate_limiter
+    integration.install()
+    try:
+        assert reference_module.build_auth_rate_limiter is build_auth_rate_limiter
+        limiter = reference_module.build_auth_rate_limiter(None, max_attempts=10, window_seconds=60)
+        assert isinstance(limiter, admitgate._admitgate.WindowLockout)
+        assert (limiter.max_requests, limiter.window_seconds, limiter.lockout_seconds) == (
+            10,
+            60.0,
+            300.0,
+        )
+    finally:
+        integration.uninstall()
+    assert reference_module.build_auth_rate_limiter is original
+
+
+# ------------------------------------------------------------------ documented fixes
+
+
+def test_fix_the_auth_limiter_keeps_admitting_new_identities_past_max_keys(reference_clock):
+    """The reference refuses every new identity for good once it has seen max_keys of them
+    (it prunes only above max_keys, and refuses a new key at max_keys): admitgate reclaims
+    idle keys, and refuses new ones only while max_keys keys are live."""
+    reference = reference_module.AuthRateLimiter(5, 60.0, 300.0, max_keys=3)
+    ours = build_auth_rate_limiter(
+        max_attempts=5, window_seconds=60, lockout_seconds=300, max_keys=3
+    )
+    for i in range(3):
+        reference_clock.now = float(i)
+        assert reference.allow("magic_link", f"10.0.0.{i}")
+        assert ours.allow("magic_link", f"10.0.0.{i}", float(i))
+    # A day later every window has long ended.
+    reference_clock.now = 86_400.0
+    assert not reference.allow("magic_link", "10.0.0.99")
+    assert ours.allow("magic_link", "10.0.0.99", 86_400.0)
+    # While max_keys keys are live, a new one is refused (the reference's fail-closed intent),
+    # with the time the first of them goes idle as its hint.
+    for i in range(2):
+        assert ours.allow("magic_link", f"10.1.0.{i}", 86_400.5)
+    assert not ours.allow("magic_link", "10.2.0.0", 86_401.0)
+    assert ours.time_until_allowed("magic_link", "10.2.0.0", 86_401.0) == 0.0
+    assert ours.stats()["refused_at_capacity"] == 1
+
+
+def test_fix_the_auth_limiter_without_a_lockout_refuses_until_the_window_ends(reference_clock):
+    """With lockout_seconds=0 the reference starts a fresh window right after a refusal, so
+    only every (N+1)-th request is refused at any rate; admitgate refuses until the window
+    ends, as SlidingWindowRateLimitPolicy does."""
+    reference = reference_module.AuthRateLimiter(2, 60.0, 0.0)
+    ours = build_auth_rate_limiter(max_attempts=2, window_seconds=60, lockout_seconds=0)
+    policy = SlidingWindowRateLimitPolicy(2, 60.0, 0.0)
+    got, want, window_policy = [], [], []
+    for i in range(30):
+        reference_clock.now = 1.0 + i
+        want.append(reference.allow("approval_resolve", "10.0.0.1"))
+        got.append(ours.allow("approval_resolve", "10.0.0.1", 1.0 + i))
+        window_policy.append(
+            policy.check(identity="10.0.0.1", scope="approval_resolve", now=1.0 + i).allowed
+        )
+    assert sum(want) == 20  # 2 allowed, 1 refused, over and over
+    assert sum(got) == 2 and got == window_policy
+
+
+def test_fix_bad_arguments_fail_with_a_message_naming_them():
+    for args, kwargs, words in [
+        ((-1,), {}, "max_requests must be an integer >= 0, got -1"),
+        ((2.5,), {}, "max_requests must be an integer >= 0, got 2.5"),
+        ((True,), {}, "max_requests must be an integer >= 0, got True"),
+        ((1, 0), {}, "window_seconds must be a finite number of seconds > 0, got 0"),
+        ((1, float("nan")), {}, "window_seconds must be a finite number of seconds > 0, got nan"),
+        ((1, 60, -1), {}, "lockout_seconds must be a finite number of seconds >= 0, got -1"),
+        ((1, 60, "5"), {}, "lockout_seconds must be a number of seconds >= 0, got '5'"),
+        (
+            (1,),
+            {"on_backend_error": "later"},
+            "on_backend_error must be 'local', 'reject' or 'allow'",
+        ),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            rate_limit_policy(*args, **kwargs)
+        assert words in str(raised.value)
+    with pytest.raises(ValueError, match="now must be a finite number of seconds, got nan"):
+        rate_limit_policy(1).check(identity="a", scope="b", now=float("nan"))
+    with pytest.raises(ValueError, match="max_attempts must be an integer >= 1, got 0"):
+        build_auth_rate_limiter(max_attempts=0)
+    with pytest.raises(TypeError, match="unexpected keyword arguments: max_attempt"):
+        build_auth_rate_limiter(max_attempt=3)
+    with pytest.raises(ValueError, match="redis_url must be a Redis URL str"):
+        rate_limit_policy(1, redis_url=6379)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ memory
+
+
+def test_random_identities_hold_memory_bounded():
+    # 2,000 new identities a second, 1 s windows: about 2,000 live; idle ones are reclaimed.
+    policy = rate_limit_policy(3, window_seconds=1.0, max_keys=5000)
+    for i in range(50_000):
+        decision = policy.check(identity=f"10.{i}", scope="ws_upgrade", now=i / 2000)
+        assert decision.allowed
+    stats = policy.stats()
+    assert stats["keys"] <= 4100 and stats["reclaimed"] >= 45_000, stats
+    # A flood of fresh identities past max_keys live ones: memory stays at the cap, the new
+    # keys are refused, and no existing key's state (a lockout) is pushed out.
+    policy = rate_limit_policy(1, window_seconds=60.0, lockout_seconds=600.0, max_keys=1000)
+    policy.check(identity="attacker", scope="login", now=0.0)
+    assert not policy.check(identity="attacker", scope="login", now=0.1).allowed
+    for i in range(20_000):
+        policy.check(identity=f"flood-{i}", scope="login", now=1.0 + i / 1000)
+    stats = policy.stats()
+    assert stats["keys"] == 1000 and stats["refused_at_capacity"] == 20_000 - 999, stats
+    assert not policy.check(identity="attacker", scope="login", now=21.0).allowed
