@@ -11,23 +11,21 @@ fix, shown against the reference; the fleet's keys, outages and the event loop's
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 import time
 import types
 from typing import Any
 
+import admitgate
 import pytest
+from admitgate.praisonai import build_auth_rate_limiter, rate_limit_policy
 from praisonai_bot.gateway import rate_limiter as reference_module
 from praisonaiagents.gateway.protocols import (
     RateLimitDecision,
     RateLimitPolicyProtocol,
     SlidingWindowRateLimitPolicy,
 )
-
-import admitgate
-from admitgate.praisonai import build_auth_rate_limiter, rate_limit_policy
 
 SEQUENCES = 10_000
 
@@ -280,3 +278,162 @@ def test_random_identities_hold_memory_bounded():
     stats = policy.stats()
     assert stats["keys"] == 1000 and stats["refused_at_capacity"] == 20_000 - 999, stats
     assert not policy.check(identity="attacker", scope="login", now=21.0).allowed
+
+
+# ------------------------------------------------------------------ fleet-wide, on a real Redis
+
+# 2,000 in the suite (about 10 s); ADMITGATE_FLEET_PARITY_SEQUENCES=10000 for the full run.
+FLEET_SEQUENCES = int(os.environ.get("ADMITGATE_FLEET_PARITY_SEQUENCES", "2000"))
+
+
+def _fleet_rule(rng: random.Random) -> tuple:
+    max_requests = rng.randint(1, 4)
+    window = rng.choice([0.004, 0.01, 0.03, 0.06])
+    lockout = 0.0 if rng.random() < 0.4 else rng.choice([0.003, 0.01, 0.04])
+    return max_requests, window, lockout
+
+
+def _run_sequences(count: int, worker: Any, threads: int = 4) -> list[Any]:
+    """Runs ``worker(seed)`` for every seed on a few threads (the fleet waits release the GIL,
+    so Redis round trips overlap); returns their results."""
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(start: int) -> None:
+        try:
+            for seed in range(start, count, threads):
+                results[seed] = worker(seed)
+        except BaseException as exc:  # reported below, with its seed in the message
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=600)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _fleet_step(rng: random.Random) -> None:
+    if rng.random() < 0.2:
+        time.sleep(rng.choice([0.0005, 0.002, 0.005, 0.012]))
+
+
+def test_fleet_policy_parity_at_the_servers_time(redis_server):
+    """Fleet-wide, the decision's time is Redis TIME: every decision equals the reference's
+    fed with that time (bit for bit when Redis decided; a refusal answered locally until its
+    known retry time stands for a server time no earlier than the true one)."""
+    fleet = admitgate.FleetLimit(redis_server.url, "parity-conn", 1)
+
+    def sequence(seed: int) -> tuple[int, int, int]:
+        rng = random.Random(seed)
+        max_requests, window, lockout = _fleet_rule(rng)
+        ours = rate_limit_policy(
+            max_requests, window, lockout, redis_url=fleet, name=f"parity-{seed}"
+        )
+        reference = SlidingWindowRateLimitPolicy(max_requests, window, lockout)
+        identities = rng.sample(IDENTITIES, rng.randint(1, 2))
+        scopes = rng.sample(SCOPES, rng.randint(1, 2))
+        counts = [0, 0, 0]
+        for step in range(rng.randint(1, 12)):
+            _fleet_step(rng)
+            identity, scope = rng.choice(identities), rng.choice(scopes)
+            allowed, retry, at, decider = ours.decide(scope, identity)
+            want = reference.check(identity=identity, scope=scope, now=at)
+            where = f"seed {seed} step {step} ({decider}, rule {(max_requests, window, lockout)})"
+            assert decider in ("fleet", "known_refusal"), where
+            assert allowed == want.allowed, where
+            if decider == "fleet":
+                assert retry == want.retry_after_seconds, where
+                counts[0 if allowed else 1] += 1
+            else:
+                assert retry == pytest.approx(want.retry_after_seconds, abs=1e-6), where
+                counts[2] += 1
+        return tuple(counts)
+
+    totals = [sum(c) for c in zip(*_run_sequences(FLEET_SEQUENCES, sequence), strict=True)]
+    allowed, refused, known = totals
+    assert allowed > 3000 and refused > 1000 and known > 500, totals
+
+
+def test_fleet_auth_limiter_parity_at_the_servers_time(redis_server, reference_clock):
+    """The gateway's limiter with ``push.redis`` set, against AuthRateLimiter (whose Redis
+    variant states the same semantics) fed with the time Redis decided at."""
+
+    def sequence(seed: int) -> int:
+        rng = random.Random(seed)
+        max_attempts, window, lockout = _fleet_rule(rng)
+        lockout = lockout or 0.02
+        config = types.SimpleNamespace(url=redis_server.url, prefix=f"authparity{seed}:")
+        ours = build_auth_rate_limiter(
+            config, max_attempts=max_attempts, window_seconds=window, lockout_seconds=lockout
+        )
+        reference = reference_module.AuthRateLimiter(max_attempts, window, lockout)
+        endpoint, identity = rng.choice(SCOPES), rng.choice(IDENTITIES)
+        decisions = 0
+        for step in range(rng.randint(1, 12)):
+            _fleet_step(rng)
+            allowed, retry, at, decider = ours.decide(endpoint, identity)
+            with reference_lock:
+                reference_clock.now = at
+                want = reference.allow(endpoint, identity)
+                want_wait = reference.time_until_allowed(endpoint, identity)
+            assert decider in ("fleet", "known_refusal") and allowed == want, (seed, step)
+            if not allowed:
+                assert retry == pytest.approx(want_wait, abs=1e-6), (seed, step)
+            decisions += 1
+        return decisions
+
+    reference_lock = threading.Lock()
+    assert sum(_run_sequences(FLEET_SEQUENCES // 2, sequence)) > 5000
+
+
+def test_replicas_share_one_count_where_per_pod_limiters_multiply_it(redis_server):
+    """Three replicas (three connections) bursting on one client address: the fleet admits
+    max_attempts in the window, exactly; three reference AuthRateLimiters admit three times."""
+    config = types.SimpleNamespace(url=redis_server.url, prefix="replicas:")
+    limiters = [
+        admitgate._admitgate.WindowLockout(
+            5, 60.0, 300.0, max_keys=100, name="replicas-authrl",
+            fleet=admitgate.FleetLimit(redis_server.url, f"replica-{i}", 1),
+        )
+        for i in range(3)
+    ]  # fmt: skip
+    per_pod = [reference_module.AuthRateLimiter(5, 60.0, 300.0) for _ in range(3)]
+    assert config.prefix  # the gateway's key prefix would name the keys the same way
+    allowed = [0, 0, 0]
+    per_pod_allowed = [0, 0, 0]
+
+    def burst(i: int) -> None:
+        for _ in range(200):
+            allowed[i] += limiters[i].allow("magic_link", "198.51.100.4")
+            per_pod_allowed[i] += per_pod[i].allow("magic_link", "198.51.100.4")
+
+    pool = [threading.Thread(target=burst, args=(i,)) for i in range(3)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=60)
+    assert sum(allowed) == 5 and sum(per_pod_allowed) == 15
+    stats = [limiter.stats() for limiter in limiters]
+    # Almost all of the 600 were answered from the known lockout, without a round trip.
+    assert sum(s["known_refusals"] for s in stats) >= 500, stats
+    waits = [limiter.time_until_allowed("magic_link", "198.51.100.4") for limiter in limiters]
+    assert all(299 < w <= 300 for w in waits), waits
+
+
+def test_fleet_keys_are_hash_tagged_hashed_and_expire_with_their_window(redis_server):
+    policy = rate_limit_policy(2, 0.5, 2.0, redis_url=redis_server.url, name="keys-test")
+    policy.check(identity="203.0.113.9", scope="ws_upgrade", now=0.0)
+    client = redis_server.client()
+    keys = client.keys("{keys-test:*")
+    assert len(keys) == 1
+    (key,) = keys
+    assert key.startswith("{keys-test:") and key.endswith("}") and "203.0.113" not in key
+    assert 0 < client.pttl(key) <= 1500
+    for _ in range(2):
+        policy.check(identity="203.0.113.9", scope="ws_upgrade", now=0.0)
+    assert 2000 < client.pttl(key) <= 3000  # locked out: expires with the lockout
+    assert "203.0.113" not in repr(client.hgetall(key))
