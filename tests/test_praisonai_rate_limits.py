@@ -11,6 +11,7 @@ fix, shown against the reference; the fleet's keys, outages and the event loop's
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
