@@ -11,8 +11,10 @@ fix, shown against the reference; the fleet's keys, outages and the event loop's
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import signal
 import threading
 import time
 import types
@@ -438,3 +440,138 @@ def test_fleet_keys_are_hash_tagged_hashed_and_expire_with_their_window(redis_se
         policy.check(identity="203.0.113.9", scope="ws_upgrade", now=0.0)
     assert 2000 < client.pttl(key) <= 3000  # locked out: expires with the lockout
     assert "203.0.113" not in repr(client.hgetall(key))
+
+
+# ------------------------------------------------------------------ outages and the event loop
+
+
+async def _worst_block(limiter: Any, decisions: int) -> tuple[float, list[float]]:
+    """Decides on the running loop (as the gateway's handlers do); the longest a decision
+    held the loop, and every duration."""
+    durations = []
+    for i in range(decisions):
+        started = time.perf_counter()
+        limiter.allow("ws_upgrade", f"192.0.2.{i % 40}")
+        durations.append(time.perf_counter() - started)
+        await asyncio.sleep(0.001)
+    return max(durations), durations
+
+
+def test_a_frozen_redis_never_blocks_the_event_loop_for_long():
+    """Redis paused (SIGSTOP) mid-traffic: each decision holds the loop at most max_block_s
+    (4 ms) and the fallback answers, then none waits at all once the connection is marked
+    down; the reference RedisAuthRateLimiter holds the loop for its 0.5 s socket timeout.
+    After SIGCONT, decisions are the fleet's again."""
+    from fleet_support import RedisServer, redis_server_binary
+
+    server = RedisServer(redis_server_binary(), name="frozen")
+    server.start()
+    try:
+        assert server.process is not None
+        config = types.SimpleNamespace(url=server.url, prefix="frozen:")
+        ours = build_auth_rate_limiter(config, max_attempts=10, window_seconds=60)
+        reference = reference_module.build_auth_rate_limiter(
+            config, max_attempts=10, window_seconds=60
+        )
+        assert type(reference).__name__ == "RedisAuthRateLimiter"
+        healthy, _ = asyncio.run(_worst_block(ours, 200))
+        assert ours.stats()["fleet_decisions"] >= 100
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            frozen, durations = asyncio.run(_worst_block(ours, 900))
+            reference_worst, _ = asyncio.run(_worst_block(reference, 3))
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        stats = ours.stats()
+        print(
+            f"loop block: healthy max {healthy * 1e3:.2f} ms; Redis frozen max "
+            f"{frozen * 1e3:.2f} ms, p99 {sorted(durations)[int(len(durations) * 0.99)] * 1e3:.2f} ms; "
+            f"reference {reference_worst * 1e3:.0f} ms; {stats}"
+        )
+        assert stats["late_decisions"] > 0 and stats["offline_decisions"] > stats["late_decisions"]
+        assert reference_worst >= 0.4
+        # The target is 5 ms (max_block_s is 4 ms); the bound leaves room for a loaded machine.
+        assert frozen < 0.025, frozen
+        # Recovered: the probe sees Redis again, and decisions are the fleet's.
+        deadline = time.monotonic() + 15
+        while ours.decide("ws_upgrade", "192.0.2.250")[3] != "fleet":
+            assert time.monotonic() < deadline, "never back on the fleet after SIGCONT"
+            time.sleep(0.05)
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------ the real gateway
+
+
+def test_the_real_gateway_rate_limits_through_admitgate_fleet_wide(
+    redis_server, tmp_path, monkeypatch
+):
+    """praisonai-bot's WebSocketGateway, with install() and ``push.redis`` set, on two ports
+    (two replicas) sharing one Redis: the magic-link endpoint (5 attempts a minute, then a
+    300 s lockout) and the approval endpoint (10) refuse fleet-wide with the retry hint, and
+    Redis holds admitgate's hashed keys, never the client address."""
+    import admitgate.praisonai as integration
+    import httpx
+    from fleet_support import free_port
+    from praisonai_bot.gateway.server import WebSocketGateway
+    from praisonaiagents.gateway.config import GatewayConfig, PushConfig, RedisConfig
+
+    integration.install()
+    prefix = f"gw{random.randrange(1 << 30)}:"
+
+    def gateway() -> tuple[Any, int]:
+        port = free_port()
+        # The config's host and port are the ones served (the constructor's are not).
+        config = GatewayConfig(
+            host="127.0.0.1",
+            port=port,
+            push=PushConfig(redis=RedisConfig(url=redis_server.url, prefix=prefix)),
+        )
+        return WebSocketGateway(host="127.0.0.1", port=port, config=config), port
+
+    async def scenario() -> tuple[list[int], list[int], Any, list[int]]:
+        (a, port_a), (b, port_b) = gateway(), gateway()
+        servers = []
+        async with httpx.AsyncClient(timeout=10) as client:
+            # The gateway takes a PID lock in ~/.praisonai, one per HOME: a HOME each.
+            for gw, port, home in ((a, port_a, "a"), (b, port_b, "b")):
+                (tmp_path / home).mkdir()
+                monkeypatch.setenv("HOME", str(tmp_path / home))
+                servers.append(asyncio.create_task(gw.start()))
+                for _ in range(400):
+                    if servers[-1].done():
+                        servers[-1].result()  # raises why the gateway did not start
+                    try:
+                        await client.get(f"http://127.0.0.1:{port}/health")
+                        break
+                    except httpx.HTTPError:
+                        await asyncio.sleep(0.025)
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                magic = [
+                    (
+                        await client.get(f"http://127.0.0.1:{port}/", params={"link": "x"})
+                    ).status_code
+                    for port in [port_a] * 4 + [port_b, port_a, port_b]
+                ]
+                refused = await client.get(f"http://127.0.0.1:{port_b}/", params={"link": "x"})
+                approvals = [
+                    (await client.get(f"http://127.0.0.1:{port}/api/approval/pending")).status_code
+                    for port in [port_a, port_b] * 6
+                ]
+                return magic, approvals, refused.json(), []
+        finally:
+            for gw in (a, b):
+                await gw.stop()
+            await asyncio.wait_for(asyncio.gather(*servers, return_exceptions=True), 15)
+
+    try:
+        magic, approvals, body, _ = asyncio.run(scenario())
+    finally:
+        integration.uninstall()
+    assert magic == [401] * 5 + [429, 429], magic
+    assert body["retry_after_seconds"] == 300
+    assert approvals.count(429) == 2 and approvals[:10].count(429) == 0, approvals
+    keys = redis_server.client().keys(f"{{{prefix}authrl:*")
+    assert keys and not any("127.0.0.1" in k for k in keys), keys

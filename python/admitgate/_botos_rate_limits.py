@@ -29,7 +29,7 @@ _AUTH_DEFAULTS = {
 # with every identity it ever saw); admitgate holds at most this many live keys.
 POLICY_MAX_KEYS = 1 << 20
 # How long a fleet decision may hold a running event loop before the fallback answers.
-DEFAULT_MAX_BLOCK_S = 0.004
+DEFAULT_MAX_BLOCK_S = 0.003
 
 _fleets: dict[str, FleetLimit] = {}
 _fleets_lock = threading.Lock()

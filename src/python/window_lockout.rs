@@ -356,7 +356,7 @@ impl PyWindowLockout {
     #[new]
     #[pyo3(signature = (
         max_requests, window_seconds, lockout_seconds, *, max_keys, decision=None, fleet=None,
-        name="botos", on_backend_error="local", max_block_s=0.004
+        name="botos", on_backend_error="local", max_block_s=0.003
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
