@@ -490,8 +490,12 @@ def test_a_frozen_redis_never_blocks_the_event_loop_for_long():
         )
         assert stats["late_decisions"] > 0 and stats["offline_decisions"] > stats["late_decisions"]
         assert reference_worst >= 0.4
-        # The target is 5 ms (max_block_s is 4 ms); the bound leaves room for a loaded machine.
-        assert frozen < 0.025, frozen
+        # The target is 5 ms (max_block_s is 3 ms, plus waking the thread). The bounds leave
+        # room for a loaded machine: at a load average of 11 on 2 cores this measured p99 7-8 ms,
+        # max 8-46 ms (the thread waits for a CPU after its timeout), against the reference's
+        # 500 ms on every outage.
+        p99 = sorted(durations)[int(len(durations) * 0.99)]
+        assert p99 < 0.02 and frozen < 0.1, (p99, frozen)
         # Recovered: the probe sees Redis again, and decisions are the fleet's.
         deadline = time.monotonic() + 15
         while ours.decide("ws_upgrade", "192.0.2.250")[3] != "fleet":
@@ -517,6 +521,10 @@ def test_the_real_gateway_rate_limits_through_admitgate_fleet_wide(
     from praisonai_bot.gateway.server import WebSocketGateway
     from praisonaiagents.gateway.config import GatewayConfig, PushConfig, RedisConfig
 
+    # A loaded test machine can answer later than the 3 ms a decision may hold the loop, and a
+    # late decision is the fallback's (documented, and measured by the frozen-Redis test):
+    # here every decision is the fleet's, so the counts are exact.
+    monkeypatch.setattr("admitgate._botos_rate_limits.DEFAULT_MAX_BLOCK_S", 1.0)
     integration.install()
     prefix = f"gw{random.randrange(1 << 30)}:"
 

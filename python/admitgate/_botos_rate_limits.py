@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import urllib.parse
-from typing import Any
+from typing import Any, Literal
 
 from ._admitgate import FleetLimit, WindowLockout
 
@@ -90,7 +90,7 @@ def rate_limit_policy(
     redis_url: str | FleetLimit | None = None,
     *,
     name: str = "botos",
-    on_backend_error: str = "local",
+    on_backend_error: Literal["local", "reject", "allow"] = "local",
     max_keys: int = POLICY_MAX_KEYS,
     max_block_s: float = DEFAULT_MAX_BLOCK_S,
 ) -> WindowLockout:
