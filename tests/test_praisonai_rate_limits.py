@@ -583,3 +583,77 @@ def test_the_real_gateway_rate_limits_through_admitgate_fleet_wide(
     assert approvals.count(429) == 2 and approvals[:10].count(429) == 0, approvals
     keys = redis_server.client().keys(f"{{{prefix}authrl:*")
     assert keys and not any("127.0.0.1" in k for k in keys), keys
+
+
+# ------------------------------------------------------------------ check-config
+
+
+def _check_config(tmp_path, text: str, *flags: str) -> Any:
+    import subprocess
+    import sys
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    return subprocess.run(
+        [sys.executable, "-m", "admitgate", "check-config", str(path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_check_config_reads_gateway_rate_limit_as_the_policy_takes_it(tmp_path):
+    import json
+
+    from admitgate.config import load
+
+    text = "gateway:\n  max_concurrent_runs: 4\n  rate_limit:\n    max_requests: 5\n    lockout_seconds: 300\n"
+    (tmp_path / "g.yaml").write_text(text)
+    settings = load(str(tmp_path / "g.yaml"))
+    assert settings.rate_limit is not None
+    kwargs = settings.rate_limit.policy_kwargs()
+    assert kwargs == {"max_requests": 5, "window_seconds": 60.0, "lockout_seconds": 300.0}
+    # The block builds the drop-in and the reference alike, and they decide alike.
+    ours, reference = rate_limit_policy(**kwargs), SlidingWindowRateLimitPolicy(**kwargs)
+    for now in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 301.0, 306.0):
+        assert ours.check(identity="i", scope="s", now=now) == reference.check(
+            identity="i", scope="s", now=now
+        )
+    assert "rate-limit-not-read" in [w.code for w in settings.warnings]
+    done = _check_config(tmp_path, text, "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["rate_limit"]["max_requests"] == 5
+    assert "up to 10 can pass within 60 s" in report["rate_limit"]["meaning"]
+    done = _check_config(tmp_path, text)
+    assert "gateway.rate_limit: at most 5 requests" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("block", "words"),
+    [
+        (
+            "    max_requests: 2.5\n",
+            "gateway.rate_limit.max_requests = 2.5: max_requests must be a whole number",
+        ),
+        ("    max_requests: '5'\n", "gateway.rate_limit.max_requests = '5'"),
+        ("    max_requests: true\n", "gateway.rate_limit.max_requests = true"),
+        ("    window_seconds: 0\n", "window_seconds must be a finite number of seconds > 0"),
+        ("    lockout_seconds: -1\n", "lockout_seconds must be a finite number of seconds >= 0"),
+        ("    lockout_seconds: .inf\n", "lockout_seconds must be a finite number of seconds >= 0"),
+    ],
+)
+def test_check_config_refuses_a_bad_rate_limit_naming_key_value_and_line(tmp_path, block, words):
+    done = _check_config(tmp_path, "gateway:\n  rate_limit:\n" + block)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert words in done.stderr and ":2: " in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_config_warns_of_a_misspelt_rate_limit_key(tmp_path):
+    done = _check_config(tmp_path, "gateway:\n  rate_limit:\n    max_request: 5\n")
+    assert done.returncode == 0
+    assert "gateway.rate_limit.max_request is not a setting" in done.stdout
+    assert "did you mean max_requests?" in done.stdout
+    done = _check_config(tmp_path, "gateway:\n  rate_limit: [5, 60]\n")
+    assert done.returncode == 2 and "rate_limit must be a mapping" in done.stderr
