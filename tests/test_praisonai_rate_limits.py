@@ -657,3 +657,28 @@ def test_check_config_warns_of_a_misspelt_rate_limit_key(tmp_path):
     assert "did you mean max_requests?" in done.stdout
     done = _check_config(tmp_path, "gateway:\n  rate_limit: [5, 60]\n")
     assert done.returncode == 2 and "rate_limit must be a mapping" in done.stderr
+
+
+def test_no_redis_password_in_reprs_stats_errors_or_logs(caplog):
+    """The gateway's push.redis password (in its URL or as a field) never shows."""
+    secret = "s3cr3t/pa55:w@rd"
+    import urllib.parse
+
+    url = f"redis://:{urllib.parse.quote(secret, safe='')}@127.0.0.1:1/0"
+    caplog.set_level("DEBUG")
+    shown = []
+    for config in (
+        types.SimpleNamespace(url=url, prefix="secret:"),
+        types.SimpleNamespace(
+            url=None, host="127.0.0.1", port=1, db=0, password=secret, prefix="s2:"
+        ),
+    ):
+        limiter = build_auth_rate_limiter(config, max_attempts=2, window_seconds=60)
+        for i in range(3):
+            shown.append(repr(limiter.decide("login", f"id-{i}")))
+        shown += [repr(limiter), repr(limiter.stats())]
+    policy = rate_limit_policy(1, redis_url=url, name="secret-policy")
+    shown += [repr(policy), repr(policy.check(identity="a", scope="b", now=0.0))]
+    text = "\n".join(shown) + caplog.text
+    assert "pa55" not in text and urllib.parse.quote(secret, safe="") not in text, text
+    assert "fallback" in text  # the unreachable Redis was tried and fell back
