@@ -425,6 +425,19 @@ def test_replicas_share_one_count_where_per_pod_limiters_multiply_it(redis_serve
     assert sum(s["known_refusals"] for s in stats) >= 500, stats
     waits = [limiter.time_until_allowed("magic_link", "198.51.100.4") for limiter in limiters]
     assert all(299 < w <= 300 for w in waits), waits
+    # A replica that never saw the key asks Redis (the "wait" op: nothing counted).
+    fresh = admitgate._admitgate.WindowLockout(
+        5, 60.0, 300.0, max_keys=100, name="replicas-authrl",
+        fleet=admitgate.FleetLimit(redis_server.url, "replica-fresh", 1),
+    )  # fmt: skip
+    assert 299 < fresh.time_until_allowed("magic_link", "198.51.100.4") <= 300
+    assert fresh.stats()["allowed"] + fresh.stats()["limited"] == 0
+    # A reset anywhere clears the key fleet-wide; the replica that made it forgets its known
+    # refusal at once (the others keep theirs until its time: early refusals, never over).
+    fresh.reset("magic_link", "198.51.100.4")
+    assert fresh.time_until_allowed("magic_link", "198.51.100.4") == 0.0
+    assert fresh.allow("magic_link", "198.51.100.4")
+    assert not limiters[0].allow("magic_link", "198.51.100.4")
 
 
 def test_fleet_keys_are_hash_tagged_hashed_and_expire_with_their_window(redis_server):
