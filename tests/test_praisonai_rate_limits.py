@@ -254,6 +254,12 @@ def test_fix_bad_arguments_fail_with_a_message_naming_them():
         rate_limit_policy(1).check(identity="a", scope="b", now=float("nan"))
     with pytest.raises(ValueError, match="max_attempts must be an integer >= 1, got 0"):
         build_auth_rate_limiter(max_attempts=0)
+    with pytest.raises(ValueError, match="max_keys must be an integer >= 1, got 0"):
+        rate_limit_policy(1, max_keys=0)
+    with pytest.raises(ValueError, match="max_keys must be an integer >= 1, got '10'"):
+        build_auth_rate_limiter(max_keys="10")
+    with pytest.raises(ValueError, match="max_block_s must be a finite number of seconds >= 0"):
+        rate_limit_policy(1, max_block_s=float("inf"))
     with pytest.raises(TypeError, match="unexpected keyword arguments: max_attempt"):
         build_auth_rate_limiter(max_attempt=3)
     with pytest.raises(ValueError, match="redis_url must be a Redis URL str"):

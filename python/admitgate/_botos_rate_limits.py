@@ -43,6 +43,12 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
 def _seconds(name: str, value: Any, *, zero_ok: bool) -> float:
     bound = ">= 0" if zero_ok else "> 0"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -120,7 +126,7 @@ def rate_limit_policy(
         max_requests,
         window,
         lockout,
-        max_keys=_count("max_keys", max_keys) or 1,
+        max_keys=_positive("max_keys", max_keys),
         decision=_decision_class(),
         fleet=fleet,
         name=name,
@@ -166,15 +172,13 @@ def build_auth_rate_limiter(redis_config: Any = None, **kwargs: Any) -> WindowLo
         prefix = str(getattr(redis_config, "prefix", "praison:") or "praison:")
         name = (prefix + "authrl").replace("{", "").replace("}", "").replace(" ", "")[:100]
         fleet = _fleet(_redis_url(redis_config), name)
-    max_attempts = _count("max_attempts", settings["max_attempts"])
-    if max_attempts == 0:
-        # The reference would allow one request per window and then lock the key out.
-        raise ValueError("max_attempts must be an integer >= 1, got 0")
+    # 0: the reference would allow one request per window, then lock the key out.
+    max_attempts = _positive("max_attempts", settings["max_attempts"])
     return WindowLockout(
         max_attempts,
         _seconds("window_seconds", settings["window_seconds"], zero_ok=False),
         _seconds("lockout_seconds", settings["lockout_seconds"], zero_ok=True),
-        max_keys=_count("max_keys", settings["max_keys"]) or 1,
+        max_keys=_positive("max_keys", settings["max_keys"]),
         fleet=fleet,
         name=name,
         on_backend_error="local",
