@@ -701,3 +701,47 @@ def test_no_redis_password_in_reprs_stats_errors_or_logs(caplog):
     text = "\n".join(shown) + caplog.text
     assert "pa55" not in text and urllib.parse.quote(secret, safe="") not in text, text
     assert "fallback" in text  # the unreachable Redis was tried and fell back
+
+
+def test_concurrent_replicas_decide_as_one_reference_in_the_servers_order(redis_server):
+    """Three replicas (three connections, three threads) hammer a few keys with short windows:
+    replaying every decision Redis made through one SlidingWindowRateLimitPolicy, in the
+    server's time order, gives the same answers (at one microsecond, the same number allowed),
+    so no interleaving lets the fleet pass more than the reference would."""
+    name = f"concurrent-{random.randrange(1 << 30)}"
+    rules = (3, 0.02, 0.0)
+    replicas = [
+        rate_limit_policy(
+            *rules, redis_url=admitgate.FleetLimit(redis_server.url, f"{name}-{i}", 1), name=name
+        )
+        for i in range(3)
+    ]
+    records: list[tuple[float, str, bool]] = []
+    lock = threading.Lock()
+
+    def hammer(i: int) -> None:
+        rng = random.Random(i)
+        for _ in range(400):
+            identity = rng.choice(["a", "b", "c"])
+            allowed, _, at, decider = replicas[i].decide("login", identity)
+            if decider == "fleet":
+                with lock:
+                    records.append((at, identity, allowed))
+            if rng.random() < 0.05:
+                time.sleep(0.005)
+
+    pool = [threading.Thread(target=hammer, args=(i,)) for i in range(3)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=120)
+    reference = SlidingWindowRateLimitPolicy(*rules)
+    records.sort()
+    groups: dict[tuple[float, str], list[bool]] = {}
+    for at, identity, allowed in records:
+        groups.setdefault((at, identity), []).append(allowed)
+    for (at, identity), got in groups.items():
+        want = [reference.check(identity=identity, scope="login", now=at).allowed for _ in got]
+        assert sorted(got) == sorted(want), (at, identity, got, want)
+    allowed = sum(a for _, _, a in records)
+    assert len(records) > 100 and 0 < allowed < len(records), (len(records), allowed)
