@@ -10,6 +10,7 @@ at a key's first request, then a lockout) kept exactly, locally or fleet-wide on
 from __future__ import annotations
 
 import math
+import re
 import threading
 import urllib.parse
 from typing import Any, Literal
@@ -170,7 +171,8 @@ def build_auth_rate_limiter(redis_config: Any = None, **kwargs: Any) -> WindowLo
     name = "praison-authrl"
     if redis_config is not None:
         prefix = str(getattr(redis_config, "prefix", "praison:") or "praison:")
-        name = (prefix + "authrl").replace("{", "").replace("}", "").replace(" ", "")[:100]
+        # A key namespace Redis Cluster hash tags allow: no braces, spaces or controls.
+        name = re.sub(r"[{}\s\x00-\x1f\x7f]", "", prefix + "authrl")[-100:]
         fleet = _fleet(_redis_url(redis_config), name)
     # 0: the reference would allow one request per window, then lock the key out.
     max_attempts = _positive("max_attempts", settings["max_attempts"])
