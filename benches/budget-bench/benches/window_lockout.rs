@@ -15,7 +15,11 @@ use admitgate_budget::{WindowLockout, WindowLockoutRule, WindowVerdict};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn limiter(max: u64, window: f64, lockout: f64) -> WindowLockout {
-    WindowLockout::new(WindowLockoutRule::new(max, window, lockout).unwrap(), 1 << 20).unwrap()
+    WindowLockout::new(
+        WindowLockoutRule::new(max, window, lockout).unwrap(),
+        1 << 20,
+    )
+    .unwrap()
 }
 
 fn decisions(c: &mut Criterion) {
@@ -37,7 +41,10 @@ fn decisions(c: &mut Criterion) {
         b.iter(|| {
             now += 1e-6;
             let key = locked.key(black_box("magic_link"), black_box("203.0.113.7"));
-            assert!(matches!(locked.check(key, now), WindowVerdict::Limited { .. }));
+            assert!(matches!(
+                locked.check(key, now),
+                WindowVerdict::Limited { .. }
+            ));
         })
     });
     let random = limiter(5, 1.0, 0.0);
