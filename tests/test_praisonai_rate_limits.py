@@ -745,3 +745,23 @@ def test_concurrent_replicas_decide_as_one_reference_in_the_servers_order(redis_
         assert sorted(got) == sorted(want), (at, identity, got, want)
     allowed = sum(a for _, _, a in records)
     assert len(records) > 100 and 0 < allowed < len(records), (len(records), allowed)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_decides_on_the_fleet_and_the_parent_sees_its_count(redis_server):
+    from conftest import in_forked_child
+
+    policy = rate_limit_policy(
+        2, 60, 300, redis_url=redis_server.url, name=f"fork-{random.randrange(1 << 30)}"
+    )
+    assert policy.decide("login", "k")[::3] == (True, "fleet")
+
+    def child() -> None:
+        # The child rebuilds the connection on its own runtime and counts on the same key.
+        assert policy.decide("login", "k")[::3] == (True, "fleet")
+        refused = policy.decide("login", "k")
+        assert refused[0] is False and refused[1] == 300.0 and refused[3] == "fleet", refused
+
+    assert in_forked_child(child) == (0, "ok")
+    allowed, retry, _, decider = policy.decide("login", "k")
+    assert not allowed and decider == "fleet" and 299 < retry < 300
