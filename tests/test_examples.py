@@ -67,6 +67,14 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^alice runs at most 2 at once: \{'in_flight': 2, 'queued': 3\} bob: \{'in_flight': 1,",
         r"'admitted': 6, 'rejected': 0",
     ],
+    "botos_rate_limits.py": [
+        r"^t=3: allowed=False retry_after_seconds=300\.0$",
+        r"^t=200: allowed=False retry_after_seconds=103\.0$",
+        r"^t=303: allowed=True retry_after_seconds=None$",
+        r"^6 of 6 passed within 61 s",
+        r"^6 attempts over 2 replicas: \[True, True, True, False, False, False\]$",
+        r"^WindowLockout \[True, True, True, True, True, False\] retry in 300 s$",
+    ],
     "human_approval.py": [
         r"^while the person thinks: 0 in flight, 1 waiting$",
         r"^user-b: done while user-a waited for a person$",

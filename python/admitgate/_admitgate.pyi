@@ -51,6 +51,7 @@ __all__ = [
     "FleetLease",
     "LeaseWait",
     "serve_broker",
+    "WindowLockout",
     "__version__",
 ]
 
@@ -655,6 +656,81 @@ class FleetLease:
         """Whether the lease expired under its turn with no room to take it again."""
     def release(self) -> Awaitable[None]:
         """Gives the lease back; under way once called, idempotent."""
+
+@final
+class WindowLockout:
+    """BotOS's rate-limit rule (a window anchored at a key's first request, then a lockout),
+    decided in admitgate's Rust core: what :func:`admitgate.praisonai.rate_limit_policy` and
+    the ``build_auth_rate_limiter`` that :func:`admitgate.praisonai.install` wires return.
+
+    Per ``(scope, identity)`` (hashed before it is stored): a key with no window, or whose
+    window began ``window_seconds`` ago or more, starts one and is allowed; inside it, requests
+    are counted and the one that makes ``max_requests + 1`` is refused, then the key is locked
+    out for ``lockout_seconds`` (or, with none, refused until its window ends).
+    ``max_requests=0`` turns limiting off. Decisions and retry hints equal praisonaiagents'
+    ``SlidingWindowRateLimitPolicy`` and praisonai-bot's ``AuthRateLimiter`` (same float
+    operations), except the documented fixes. At most ``max_keys`` live keys are held (idle
+    ones are reclaimed); a new key past them is refused.
+
+    With ``fleet`` (a :class:`FleetLimit` whose connection it shares) decisions are fleet-wide,
+    one Lua call each, by Redis ``TIME``; a refusal is then answered locally until its known
+    retry time. A fleet decision holds an event loop running on the calling thread at most
+    ``max_block_s``; past it, or while Redis is down, ``on_backend_error`` decides
+    (``"local"``: this process's own limiter; ``"reject"``; ``"allow"``).
+    """
+
+    def __new__(
+        cls,
+        max_requests: int,
+        window_seconds: float,
+        lockout_seconds: float,
+        *,
+        max_keys: int,
+        decision: Callable[..., Any] | None = None,
+        fleet: FleetLimit | None = None,
+        name: str = "botos",
+        on_backend_error: Literal["local", "reject", "allow"] = "local",
+        max_block_s: float = 0.003,
+    ) -> WindowLockout: ...
+    def check(self, *, identity: str, scope: str, now: float) -> Any:
+        """``RateLimitPolicyProtocol.check``: one request of ``identity`` in ``scope`` at
+        ``now`` (seconds; fleet-wide, only the ``"local"`` fallback reads it), answered as a
+        ``decision(allowed=..., retry_after_seconds=...)``."""
+    def decide(
+        self, scope: str, identity: str, now: float | None = None
+    ) -> tuple[bool, float | None, float, str]:
+        """One request, counted: ``(allowed, retry_after_seconds or None, the time it was
+        decided at, who decided: "local", "fleet", "known_refusal" or "fallback")``. Fleet-wide,
+        the time is Redis ``TIME`` (for a known refusal, the server time it stands for)."""
+    def allow(self, endpoint: str, identity: str, now: float | None = None) -> bool:
+        """``AuthRateLimiter.allow``: whether the request may proceed (and count it); ``now``
+        defaults to the wall clock (``time.time()``)."""
+    def time_until_allowed(self, endpoint: str, identity: str, now: float | None = None) -> float:
+        """Seconds until the key is allowed again (0.0 if it is now), counting nothing."""
+    def reset(self, endpoint: str, identity: str) -> None:
+        """Forgets the key (a successful login, say), here and fleet-wide."""
+    def prune(self, now: float | None = None) -> int:
+        """Forgets every idle key held in this process now; how many."""
+    @property
+    def max_requests(self) -> int:
+        """Requests allowed per window (0: limiting is off)."""
+    @property
+    def window_seconds(self) -> float:
+        """The window, in seconds."""
+    @property
+    def lockout_seconds(self) -> float:
+        """The lockout, in seconds (0: none)."""
+    @property
+    def enabled(self) -> bool:
+        """Whether limiting is on (``max_requests > 0``)."""
+    @property
+    def fleet_wide(self) -> bool:
+        """Whether decisions are made fleet-wide."""
+    def stats(self) -> dict[str, Any]:
+        """``allowed``, ``limited``, ``refused_at_capacity``, ``keys`` and ``reclaimed``; fleet-
+        wide also ``fleet_decisions``, ``known_refusals``, ``offline_decisions`` (the fallback's),
+        ``late_decisions`` (Redis slower than ``max_block_s``) and ``on_backend_error``. No
+        per-key numbers."""
 
 @final
 class A2ARules:

@@ -40,6 +40,11 @@ Caught (all catch praisonai-bot's ``AdmissionRejected`` and reply with
     function-local import.
 
 What install() changes
+  * ``praisonai_bot.gateway.rate_limiter.build_auth_rate_limiter`` becomes
+    admitgate's (:func:`build_auth_rate_limiter`): the gateway server's approval,
+    WebSocket-upgrade, pairing and magic-link limiters (built by function-local
+    imports in ``WebSocketGateway.start``) are decided in admitgate's core, and
+    fleet-wide without blocking the event loop when ``push.redis`` is set.
   * ``praisonai_bot.bots._admission.build_admission_gate``,
     ``build_memory_pressure_policy`` and ``AdmissionGate`` become admitgate's.
     Function-local imports read these attributes at call time, so that covers
@@ -68,13 +73,18 @@ from typing import Any
 
 import admitgate
 
+from ._botos_rate_limits import build_auth_rate_limiter, rate_limit_policy
+
 # ``BotOSAdmissionRejected`` is also available (see ``__getattr__``); it is left
 # out of ``__all__`` so that ``import *`` does not import praisonai-bot.
-__all__ = ["install", "is_installed", "uninstall"]
+__all__ = ["build_auth_rate_limiter", "install", "is_installed", "rate_limit_policy", "uninstall"]
 
 _DISTRIBUTION = "praisonai-bot"
 _PACKAGE = "praisonai_bot"
 _ADMISSION_MODULE = "praisonai_bot.bots._admission"
+# The gateway's endpoint rate limiters: install() replaces this module's builder.
+_RATE_LIMITER_MODULE = "praisonai_bot.gateway.rate_limiter"
+_RATE_LIMITER_BUILDER = "build_auth_rate_limiter"
 
 # Names of praisonai_bot.bots._admission that install() points at admitgate.
 _PATCHED_NAMES = (
@@ -122,6 +132,16 @@ def _import_admission_module() -> Any:
             name=_PACKAGE,
         )
     return module
+
+
+def _import_rate_limiter_module() -> Any:
+    """praisonai-bot's gateway rate-limiter module, or None if this praisonai-bot has none
+    (then only the gate is installed)."""
+    try:
+        module = importlib.import_module(_RATE_LIMITER_MODULE)
+    except ImportError:
+        return None
+    return module if callable(getattr(module, _RATE_LIMITER_BUILDER, None)) else None
 
 
 def _native() -> Any:
@@ -204,6 +224,12 @@ def install() -> None:
         native._set_rejection_class(state.rejection_class)
 
         swap = {id(originals[n]): (originals[n], replacements[n]) for n in _PATCHED_NAMES}
+        rate_limiter = _import_rate_limiter_module()
+        if rate_limiter is not None:
+            original = getattr(rate_limiter, _RATE_LIMITER_BUILDER)
+            originals[_RATE_LIMITER_BUILDER] = original
+            replacements[_RATE_LIMITER_BUILDER] = build_auth_rate_limiter
+            swap[id(original)] = (original, build_auth_rate_limiter)
         try:
             for module in [admission] + [m for m in _praisonai_modules() if m is not admission]:
                 for name, old in _rebind(module, swap):
@@ -224,7 +250,7 @@ def _undo(state: _Installation) -> None:
     # Modules imported while installed bound admitgate's objects by value.
     back = {
         id(state.replacements[n]): (state.replacements[n], state.originals[n])
-        for n in _PATCHED_NAMES
+        for n in state.originals
     }
     for module in _praisonai_modules():
         _rebind(module, back)

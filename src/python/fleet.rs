@@ -28,6 +28,7 @@ use pyo3::prelude::*;
 
 pub use lease::PyFleetLease;
 pub use limit::{set_gate_fleet_keys, PyFleetLimit};
+pub use runtime::start as start_fleet_runtime;
 pub use turn::{
     acquire_blocking, lease_future, lease_scope, Blocked, FleetRuntime, Interrupt, LeaseTimer,
     LeaseWaits,

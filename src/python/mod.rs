@@ -36,6 +36,7 @@ mod rejection;
 mod resources;
 mod runtime;
 mod wake;
+mod window_lockout;
 
 use pyo3::prelude::*;
 
@@ -80,6 +81,8 @@ mod _admitgate {
     use super::resources::PyRssSampler;
     #[pymodule_export]
     use super::wake::{_panic_in_next_wakes, _resolve_waiter, LoopMailbox};
+    #[pymodule_export]
+    use super::window_lockout::PyWindowLockout;
 
     use super::*;
 

@@ -108,6 +108,7 @@ pub mod rate;
 pub mod stats;
 mod table;
 mod verdict;
+pub mod window_lockout;
 
 #[cfg(test)]
 mod model_tests;
@@ -117,3 +118,6 @@ pub use error::BudgetError;
 pub use limit::{Algorithm, Limit, Meter};
 pub use rate::Rate;
 pub use stats::BudgetStats;
+pub use window_lockout::{
+    KeyState, Verdict as WindowVerdict, WindowLockout, WindowLockoutRule, WindowLockoutStats,
+};

@@ -255,6 +255,7 @@ mod stats;
 mod subscriber;
 mod tickets;
 mod topology;
+mod window_lockout;
 
 pub use budget::{
     BudgetFallback, BudgetRefusal, Decider, FleetBudget, FleetBudgetStats, FleetDecision,
@@ -269,3 +270,4 @@ pub use lending::Reclaim;
 pub use limit::FleetLimit;
 pub use scripts::{Change, Learned, Proposal};
 pub use stats::FleetStats;
+pub use window_lockout::{FleetWindowLockout, FleetWindowVerdict};

@@ -41,6 +41,7 @@ from .._builders import build_admission_gate, build_memory_pressure_policy
 from .._priorities import PriorityClass
 from .document import Document, Found, kind_of, read_document
 from .memory import read_memory_limits
+from .rate_limit import read_rate_limit
 from .settings import (
     ORDER_NAMES,
     ORDER_NOTE,
@@ -332,12 +333,14 @@ def _resolve(path: str, doc: Document, found: Mapping[str, Found | None]) -> Gat
     profile = check.profile(found["reliability"])
     drain = check.drain(found["drain_timeout"])
     order = check.order(found)
+    rate_limit, rate_problems, rate_warnings = read_rate_limit(doc)
+    check.problems += rate_problems
     if check.problems:
         raise ConfigError(
             path,
             "\n".join(p.describe(path) for p in check.problems),
             check.problems,
-            misspelt_keys(doc),
+            misspelt_keys(doc) + rate_warnings,
         )
 
     def setting(name: str, value: Any, note: str = "") -> Setting:
@@ -375,5 +378,6 @@ def _resolve(path: str, doc: Document, found: Mapping[str, Found | None]) -> Gat
         if overflow_written == "reject":
             preset("overflow_policy", "queue")
 
-    resolved = GateSettings(path, settings, (), read_memory_limits(), cpus)
-    return dataclasses.replace(resolved, warnings=tuple(find_warnings(resolved, doc, found)))
+    resolved = GateSettings(path, settings, (), read_memory_limits(), cpus, rate_limit)
+    warnings = find_warnings(resolved, doc, found) + rate_warnings
+    return dataclasses.replace(resolved, warnings=tuple(warnings))

@@ -199,6 +199,45 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class RateLimitSettings:
+    """``gateway.rate_limit`` (read by ``config/rate_limit.py``) as :func:`admitgate.praisonai.rate_limit_policy` takes it."""
+
+    max_requests: int
+    window_seconds: float
+    lockout_seconds: float
+    line: int | None
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        """``rate_limit_policy(**kwargs)``."""
+        return {
+            "max_requests": self.max_requests,
+            "window_seconds": self.window_seconds,
+            "lockout_seconds": self.lockout_seconds,
+        }
+
+    def meaning(self) -> str:
+        """One line for people."""
+        if self.max_requests == 0:
+            return "gateway.rate_limit: max_requests is 0, so rate limiting is off."
+        window = show_number(self.window_seconds)
+        after = (
+            f"then locked out for {show_number(self.lockout_seconds)} s"
+            if self.lockout_seconds
+            else "then refused until the window ends"
+        )
+        return (
+            f"gateway.rate_limit: at most {self.max_requests} requests per scope and identity "
+            f"in a {window} s window that starts at its first request, {after}; up to "
+            f"{2 * self.max_requests} can pass within {window} s across a window's end "
+            "(admitgate.RateLimit counts any interval exactly)."
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {**self.policy_kwargs(), "line": self.line, "meaning": self.meaning()}
+
+
+@dataclass(frozen=True)
 class GateSettings:
     """The admission settings a gateway config resolves to, as praisonai-bot 0.1.16 applies
     them, with where each came from, the warnings, and the gate they build.
@@ -212,6 +251,8 @@ class GateSettings:
     warnings: tuple[ConfigWarning, ...]
     memory: MemoryLimits
     cpu_count: int | None = None
+    #: ``gateway.rate_limit`` (see ``config/rate_limit.py``), if the file has the block.
+    rate_limit: RateLimitSettings | None = None
 
     def _value(self, name: str) -> Any:
         return self.settings[name].value
@@ -363,6 +404,7 @@ class GateSettings:
             "warnings": [
                 {"code": w.code, "message": w.message, "keys": list(w.keys)} for w in self.warnings
             ],
+            "rate_limit": self.rate_limit.to_dict() if self.rate_limit else None,
             "machine": {
                 "cpu_count": self.cpu_count,
                 "ram_mb": self.memory.ram_mb,
@@ -385,6 +427,8 @@ class GateSettings:
             lines.append(f"  {s.name:<{width}}  {shown[s.name]:<{value_width}}  {s.origin()}")
         lines += ["", "What this means:"]
         lines += [f"  - {m}" for m in self.meaning()]
+        if self.rate_limit is not None:
+            lines.append(f"  - {self.rate_limit.meaning()}")
         lines.append("")
         if self.warnings:
             lines.append(f"Warnings ({len(self.warnings)}):")
