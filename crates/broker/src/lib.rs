@@ -14,7 +14,8 @@
 //!   [`headers`] (hop-by-hop), [`refusal`] (the refusal answers), [`metrics`] (`/metrics`,
 //!   `/livez`, `/readyz`), [`readiness`] (whether the agent answers), [`memory`] (the agent
 //!   container's cgroup memory), [`logging`], [`deadline`] (the caller's deadline, from its
-//!   headers).
+//!   headers), [`rate_limit`] (budgets at the door: `--rate-limit`, `--rate-key`, the
+//!   refusal's RateLimit fields, the agent's usage report).
 //!
 //! Two ways to run it: [`run`] (the standalone binary: its own runtime and SIGTERM / SIGINT
 //! handlers) and [`Running`] (stopped from outside: the Python binding's
@@ -49,6 +50,7 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod proxy;
+pub mod rate_limit;
 pub mod readiness;
 pub mod refusal;
 pub mod server;
