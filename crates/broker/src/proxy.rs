@@ -52,6 +52,7 @@ use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
+use crate::rate_limit::{self, UsageCounters};
 use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
 
@@ -77,6 +78,8 @@ pub struct Broker {
     http2: Client<HttpConnector, Replayed>,
     /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
     pub upstream_health: UpstreamHealth,
+    /// The agents' usage reports (`admitgate-usage-tokens`), settled or not.
+    pub usage: Arc<UsageCounters>,
 }
 
 /// What one stream of the shared h2c upstream connection may have unread in the broker.
@@ -140,6 +143,7 @@ impl Broker {
             transports,
             refusals: RefusalLog::default(),
             upstream_health: UpstreamHealth::default(),
+            usage: Arc::default(),
             passage,
             config,
         })
@@ -441,6 +445,13 @@ impl Broker {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
                 head.version = Version::HTTP_11;
+                // The agent's usage report (a header, or a trailers-only gRPC answer's
+                // trailer) is settled against the turn and never reaches the client.
+                let usage = rate_limit::take_usage(&mut head.headers);
+                let settled = permit
+                    .as_ref()
+                    .is_some_and(|permit| rate_limit::settle(permit, usage));
+                self.usage.count(usage, settled);
                 let held = Held::new(
                     body,
                     permit,
@@ -448,6 +459,8 @@ impl Broker {
                     self.config.abandoned_response_timeout,
                     self.config.send_timeout,
                     Box::new(record),
+                    self.usage.clone(),
+                    settled,
                 );
                 Response::from_parts(head, held.boxed_unsync())
             }
@@ -498,12 +511,16 @@ impl Broker {
                 });
                 let (mut head, _) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, true);
+                self.usage
+                    .count(rate_limit::take_usage(&mut head.headers), false);
                 record();
                 Response::from_parts(head, full(Bytes::new()))
             }
             Ok(response) => {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
+                self.usage
+                    .count(rate_limit::take_usage(&mut head.headers), false);
                 let held = Held::new(
                     body,
                     None,
@@ -511,6 +528,8 @@ impl Broker {
                     Duration::ZERO,
                     Duration::ZERO,
                     Box::new(record),
+                    self.usage.clone(),
+                    false,
                 );
                 Response::from_parts(head, held.boxed_unsync())
             }

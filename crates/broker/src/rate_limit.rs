@@ -25,10 +25,12 @@
 //!   tokens; `qu="tokens"` names it.
 
 use std::fmt::Write as _;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use admitgate_budget::{Limit, Meter, Rate};
+use admitgate_passage::Permit;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The response header (HTTP/1.1) or trailer (HTTP/2, gRPC trailing metadata) an agent
@@ -343,16 +345,25 @@ pub fn take_usage(headers: &mut HeaderMap) -> Usage {
 /// A usage value: 1 to 15 ASCII digits (surrounding spaces allowed).
 pub fn parse_usage(value: &[u8]) -> Usage {
     let text = value.trim_ascii();
-    if text.is_empty()
-        || text.len() > MAX_USAGE_DIGITS
-        || !text.iter().all(u8::is_ascii_digit)
-    {
+    if text.is_empty() || text.len() > MAX_USAGE_DIGITS || !text.iter().all(u8::is_ascii_digit) {
         return Usage::Malformed;
     }
     std::str::from_utf8(text)
         .ok()
         .and_then(|t| t.parse().ok())
         .map_or(Usage::Malformed, Usage::Tokens)
+}
+
+/// Settles `usage` against the turn `permit` holds; whether it reached a reservation.
+pub fn settle(permit: &Permit, usage: Usage) -> bool {
+    match usage {
+        // Awaits passage's budget step (branch bgate): until then nothing is reserved.
+        Usage::Tokens(_) => {
+            let _ = permit;
+            false
+        }
+        Usage::Absent | Usage::Malformed => false,
+    }
 }
 
 /// The door's own counters of usage reports (the budget's are passage's).
@@ -377,6 +388,34 @@ impl UsageCounters {
             (Usage::Tokens(_), false) => &self.unmatched,
         };
         cell.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The budget's figures in `/metrics`, when `--rate-limit` is set: per limit (its policy
+/// name, never an identity) and the usage reports.
+pub fn render_metrics(out: &mut String, broker: &crate::proxy::Broker) {
+    if broker.config.rate_limit.is_none() {
+        return;
+    }
+    let family = crate::metrics::family;
+    let usage = &broker.usage;
+    family(
+        out,
+        "broker_rate_limit_usage_reports_total",
+        "counter",
+        "Usage reports (admitgate-usage-tokens) by outcome: settled against a turn, \
+         malformed (ignored), unmatched (nothing to settle); all stripped.",
+    );
+    for (outcome, cell) in [
+        ("settled", &usage.settled),
+        ("malformed", &usage.malformed),
+        ("unmatched", &usage.unmatched),
+    ] {
+        let _ = writeln!(
+            out,
+            "broker_rate_limit_usage_reports_total{{outcome=\"{outcome}\"}} {}",
+            cell.load(Ordering::Relaxed)
+        );
     }
 }
 
