@@ -117,6 +117,7 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
         queue_timeout: config.queue_timeout,
         fleet,
         resource,
+        rate_limits: admitgate_passage::budget::RateLimits::default(),
     });
     proxy::Broker::new(config, passage)
         .map(Arc::new)
