@@ -488,7 +488,7 @@ impl BudgetTurn {
                         }
                         Decision::Limited(limited) => {
                             let retry = limited.retry_after(limiter.now());
-                            if let Some(next) = self.limited(i, retry, now) {
+                            if let Some(next) = self.limited(i, limited.limit, retry, now) {
                                 return next;
                             }
                         }
@@ -511,7 +511,7 @@ impl BudgetTurn {
                 self.step(now)
             }
             Some(Ok(FleetDecision::Limited(refusal))) => {
-                match self.limited(i, refusal.retry_after, now) {
+                match self.limited(i, refusal.limit, refusal.retry_after, now) {
                     Some(next) => next,
                     None => self.step(now),
                 }
@@ -527,14 +527,21 @@ impl BudgetTurn {
                 BudgetNext::Refused(Refused {
                     reason: Rejection::FleetUnavailable,
                     retry_after: retry,
+                    by: None,
                 })
             }
         }
     }
 
-    /// Limiter `i` refused, with the wait until the same turn fits (`None`: never): what
-    /// next (`None`: decide again at once, from the first limiter).
-    fn limited(&mut self, i: usize, retry: Option<Duration>, now: Instant) -> Option<BudgetNext> {
+    /// Limiter `i` refused (its limit `limit`), with the wait until the same turn fits
+    /// (`None`: never): what next (`None`: decide again at once, from the first limiter).
+    fn limited(
+        &mut self,
+        i: usize,
+        limit: usize,
+        retry: Option<Duration>,
+        now: Instant,
+    ) -> Option<BudgetNext> {
         self.give_back_all();
         let limiter = self.limits.0.get(i).cloned()?;
         let refuse = |this: &mut Self| {
@@ -543,6 +550,7 @@ impl BudgetTurn {
             Some(BudgetNext::Refused(Refused {
                 reason: Rejection::RateLimited,
                 retry_after: retry,
+                by: Some(crate::RefusedBy { limiter: i, limit }),
             }))
         };
         if limiter.on_limit == OnLimit::Reject {

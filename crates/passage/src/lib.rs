@@ -123,6 +123,19 @@ pub struct Refused {
     pub reason: Rejection,
     /// The gate's hint; `None` where waiting would not help (a policy) or for `closing`.
     pub retry_after: Option<Duration>,
+    /// For `rate_limited`: which limit refused (the one whose wait is longest), so a front
+    /// door can name it (the broker's `RateLimit` field); `None` for every other reason.
+    pub by: Option<RefusedBy>,
+}
+
+/// The limit that refused a turn: limiter `limiter` of the passage's rate limits, its limit
+/// `limit` (in the order given).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefusedBy {
+    /// The limiter's index in [`budget::RateLimits::limiters`].
+    pub limiter: usize,
+    /// The limit's index in that limiter's limits.
+    pub limit: usize,
 }
 
 /// Memory-aware admission's reading: the decision memory pressure calls for right now.
@@ -427,6 +440,7 @@ impl Passage {
                 Err(Refused {
                     reason: Rejection::Timeout,
                     retry_after: None,
+                    by: None,
                 })
             }
         }
@@ -477,6 +491,7 @@ impl Passage {
                 turn.lease_granted(self, lease).map_err(|_| Refused {
                     reason: Rejection::Closing,
                     retry_after: None,
+                    by: None,
                 })
             }
             Err(reason) => {
@@ -494,6 +509,7 @@ impl Passage {
                 Err(Refused {
                     reason,
                     retry_after: hint,
+                    by: None,
                 })
             }
         }
