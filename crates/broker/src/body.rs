@@ -442,8 +442,8 @@ impl Held {
         let usage = rate_limit::take_usage(&mut trailers);
         let settled = !self.usage_settled
             && lock(&self.stream)
-                .as_ref()
-                .and_then(|stream| stream.permit.as_ref())
+                .as_mut()
+                .and_then(|stream| stream.permit.as_mut())
                 .is_some_and(|permit| rate_limit::settle(permit, usage));
         self.usage_settled |= settled;
         self.usage.count(usage, settled);

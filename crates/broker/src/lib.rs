@@ -107,6 +107,12 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
             Some(limit)
         }
     };
+    let rate_limits = match &config.rate_limit {
+        None => admitgate_passage::budget::RateLimits::default(),
+        Some(spec) => spec
+            .rate_limits(&config.fleet_key, fleet.as_ref())
+            .map_err(|e| Error::Settings(format!("rate_limit: {e}")))?,
+    };
     let resource = memory::cgroup_check(
         config.memory_cgroup.clone(),
         config.memory_soft_ratio,
@@ -117,7 +123,7 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
         queue_timeout: config.queue_timeout,
         fleet,
         resource,
-        rate_limits: admitgate_passage::budget::RateLimits::default(),
+        rate_limits,
     });
     proxy::Broker::new(config, passage)
         .map(Arc::new)

@@ -297,7 +297,17 @@ impl Broker {
                 };
                 let tenant = self.tenant(&parts.headers, route_tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
-                match self.passage.admit_by(&tenant, tid, deadline).await {
+                let admitted = match &self.config.rate_limit {
+                    None => self.passage.admit_by(&tenant, tid, deadline).await,
+                    Some(spec) => {
+                        // Hashed by the budget before anything keeps it; never logged.
+                        let identity = self.config.rate_key.identity(&parts.headers, &tenant);
+                        self.passage
+                            .admit_as(&tenant, tid, deadline, Some(&identity), spec.cost)
+                            .await
+                    }
+                };
+                match admitted {
                     Ok(permit) => {
                         // What is left of a longer body must come within the same time.
                         if let Some(by) = tokio::time::Instant::now()
@@ -334,6 +344,16 @@ impl Broker {
                         );
                         let mut response =
                             refusal::respond(&shape, refused.reason, refused.retry_after);
+                        if let (Some(spec), Some(by)) = (&self.config.rate_limit, refused.by) {
+                            self.usage.refused(by.limit);
+                            if !grpc {
+                                spec.add_refusal_headers(
+                                    response.headers_mut(),
+                                    by.limit,
+                                    refused.retry_after,
+                                );
+                            }
+                        }
                         if parts.version < Version::HTTP_2 && !drain(body).await {
                             // Say so rather than let a client reuse a connection that closes.
                             response
@@ -448,8 +468,9 @@ impl Broker {
                 // The agent's usage report (a header, or a trailers-only gRPC answer's
                 // trailer) is settled against the turn and never reaches the client.
                 let usage = rate_limit::take_usage(&mut head.headers);
+                let mut permit = permit;
                 let settled = permit
-                    .as_ref()
+                    .as_mut()
                     .is_some_and(|permit| rate_limit::settle(permit, usage));
                 self.usage.count(usage, settled);
                 let held = Held::new(

@@ -29,7 +29,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use admitgate_budget::{Limit, Meter, Rate};
+use std::sync::Arc;
+
+use admitgate_budget::{Budget, Limit, Meter, Rate, DEFAULT_MAX_KEYS};
+use admitgate_fleet::{BudgetFallback, FleetBudget, FleetLimit};
+use admitgate_passage::budget::{BudgetBackend, OnLimit, RateLimitStats, RateLimiter, RateLimits};
 use admitgate_passage::Permit;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -55,6 +59,11 @@ pub struct RateLimitSpec {
     pub cost: u64,
     /// Each limit's policy name in the refusal fields (`requests-per-min`).
     pub policies: Vec<String>,
+    /// What a request over the budget does: refused at once, or waits (within its queue
+    /// timeout and deadline) until it fits.
+    pub on_limit: OnLimit,
+    /// What decisions do while the fleet's Redis is down (with `--fleet`).
+    pub on_backend_error: BudgetFallback,
 }
 
 /// A bad value, with what is wrong with it (the caller names the flag).
@@ -68,6 +77,8 @@ impl RateLimitSpec {
     pub fn parse(flag: &str, text: &str) -> Result<Self, String> {
         let mut limits = Vec::new();
         let mut cost = None;
+        let mut on_limit = OnLimit::Reject;
+        let mut on_backend_error = BudgetFallback::Local;
         for part in text.split(',') {
             let part = part.trim();
             let Some((name, value)) = part.split_once('=') else {
@@ -100,11 +111,19 @@ impl RateLimitSpec {
                     cost = value.parse::<u64>().ok();
                     continue;
                 }
+                "on_limit" => {
+                    on_limit = value.parse().map_err(|e| bad(flag, text, e))?;
+                    continue;
+                }
+                "on_backend_error" => {
+                    on_backend_error = value.parse().map_err(|e| bad(flag, text, e))?;
+                    continue;
+                }
                 other => {
                     return Err(bad(
                         flag,
                         text,
-                        format_args!("unknown part {other:?} (requests=, tokens= or cost=)"),
+                        format_args!("unknown part {other:?} (requests=, tokens=, cost=, on_limit= or on_backend_error=)"),
                     ))
                 }
             };
@@ -116,6 +135,13 @@ impl RateLimitSpec {
                 flag,
                 text,
                 "needs at least one requests= or tokens= rate",
+            ));
+        }
+        if limits.len() > MAX_POLICIES {
+            return Err(bad(
+                flag,
+                text,
+                format_args!("at most {MAX_POLICIES} rates"),
             ));
         }
         let cost = cost.unwrap_or(0);
@@ -140,7 +166,29 @@ impl RateLimitSpec {
             limits,
             cost,
             policies,
+            on_limit,
+            on_backend_error,
         })
+    }
+
+    /// The passage's rate limits for this spec: one limiter named `name` (the namespace of
+    /// its keys in Redis), fleet-wide on `fleet`'s connection when there is one.
+    pub fn rate_limits(
+        &self,
+        name: &str,
+        fleet: Option<&FleetLimit>,
+    ) -> Result<RateLimits, String> {
+        let local =
+            Budget::new(self.limits.clone(), DEFAULT_MAX_KEYS).map_err(|e| e.to_string())?;
+        let backend = match fleet {
+            None => BudgetBackend::Local(Box::new(local)),
+            Some(fleet) => BudgetBackend::Fleet(
+                FleetBudget::new(fleet, name, local, self.on_backend_error)
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        let limiter = RateLimiter::new(name, backend, self.on_limit);
+        Ok(RateLimits::new(vec![Arc::new(limiter)]))
     }
 
     /// The `RateLimit-Policy` value: every limit, as the draft writes a quota policy.
@@ -354,14 +402,11 @@ pub fn parse_usage(value: &[u8]) -> Usage {
         .map_or(Usage::Malformed, Usage::Tokens)
 }
 
-/// Settles `usage` against the turn `permit` holds; whether it reached a reservation.
-pub fn settle(permit: &Permit, usage: Usage) -> bool {
+/// Settles `usage` against the turn `permit` holds (once: passage ignores later reports);
+/// whether it reached a reservation.
+pub fn settle(permit: &mut Permit, usage: Usage) -> bool {
     match usage {
-        // Awaits passage's budget step (branch bgate): until then nothing is reserved.
-        Usage::Tokens(_) => {
-            let _ = permit;
-            false
-        }
+        Usage::Tokens(tokens) => permit.report_usage(tokens),
         Usage::Absent | Usage::Malformed => false,
     }
 }
@@ -376,9 +421,21 @@ pub struct UsageCounters {
     /// Well-formed reports on a response with nothing to settle (not gated, no budget, or
     /// already settled): stripped.
     pub unmatched: AtomicU64,
+    /// Refusals by each policy of `--rate-limit` (in its order).
+    pub refused_by: [AtomicU64; MAX_POLICIES],
 }
 
+/// The most policies whose refusals are counted one by one.
+pub const MAX_POLICIES: usize = 16;
+
 impl UsageCounters {
+    /// Counts a refusal by policy `index`.
+    pub fn refused(&self, index: usize) {
+        if let Some(cell) = self.refused_by.get(index) {
+            cell.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts one report's outcome: `settled` tells whether it reached a reservation.
     pub fn count(&self, usage: Usage, settled: bool) {
         let cell = match (usage, settled) {
@@ -391,13 +448,77 @@ impl UsageCounters {
     }
 }
 
+/// A counter family: its name, its help, and how it is read from a limiter's stats.
+type Counter = (&'static str, &'static str, fn(&RateLimitStats) -> u64);
+
 /// The budget's figures in `/metrics`, when `--rate-limit` is set: per limit (its policy
 /// name, never an identity) and the usage reports.
 pub fn render_metrics(out: &mut String, broker: &crate::proxy::Broker) {
-    if broker.config.rate_limit.is_none() {
+    let Some(spec) = &broker.config.rate_limit else {
         return;
-    }
+    };
     let family = crate::metrics::family;
+    let counters: &[Counter] = &[
+        ("broker_rate_limit_allowed_total", "Requests the budget allowed.", |s| s.allowed),
+        ("broker_rate_limit_limited_total", "Requests the budget refused (rate_limited).", |s| s.limited),
+        ("broker_rate_limit_waited_total", "Requests that waited for the budget (on_limit=wait).", |s| s.waited),
+        ("broker_rate_limit_unavailable_total", "Requests refused because the fleet's Redis was down (on_backend_error=reject).", |s| s.unavailable),
+        ("broker_rate_limit_tokens_reserved_total", "Token estimates reserved at admission (cost=).", |s| s.tokens_reserved),
+        ("broker_rate_limit_settled_total", "Reservations settled to the agent's usage report.", |s| s.settled),
+        ("broker_rate_limit_tokens_settled_total", "Tokens the settled usage reports said were used.", |s| s.tokens_settled),
+        ("broker_rate_limit_returned_total", "Reservations given back whole (refused by the gate, or the client left, before the request ran).", |s| s.returned),
+        ("broker_rate_limit_tokens_returned_total", "Tokens those reservations held.", |s| s.tokens_returned),
+    ];
+    let limiters: Vec<_> = broker
+        .passage
+        .rate_limits()
+        .limiters()
+        .iter()
+        .map(|l| (l.name().to_owned(), l.stats()))
+        .collect();
+    for (name, help, read) in counters {
+        family(
+            out,
+            name,
+            "counter",
+            &format!("{help} By limit (its name), never by identity."),
+        );
+        for (limit, stats) in &limiters {
+            let _ = writeln!(
+                out,
+                "{name}{{limit=\"{}\"}} {}",
+                crate::logging::text(limit).trim_matches('"'),
+                read(stats)
+            );
+        }
+    }
+    family(
+        out,
+        "broker_rate_limit_keys",
+        "gauge",
+        "Identities the budget holds in memory now (hashed).",
+    );
+    for (limit, stats) in &limiters {
+        let _ = writeln!(
+            out,
+            "broker_rate_limit_keys{{limit=\"{}\"}} {}",
+            crate::logging::text(limit).trim_matches('"'),
+            stats.keys
+        );
+    }
+    family(
+        out,
+        "broker_rate_limit_refused_total",
+        "counter",
+        "Requests refused rate_limited, by the policy that refused (its RateLimit-Policy name).",
+    );
+    for (policy, cell) in spec.policies.iter().zip(broker.usage.refused_by.iter()) {
+        let _ = writeln!(
+            out,
+            "broker_rate_limit_refused_total{{policy=\"{policy}\"}} {}",
+            cell.load(Ordering::Relaxed)
+        );
+    }
     let usage = &broker.usage;
     family(
         out,
