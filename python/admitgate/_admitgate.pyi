@@ -710,6 +710,8 @@ def serve_broker(
     queue_timeout: float | None = None,
     max_in_flight_per_tenant: int | None = None,
     tenant_from: str | None = None,
+    rate_limit: str | None = None,
+    rate_key: str | None = None,
     gate_methods: Literal["work", "all"] | None = None,
     path_prefix: str | None = None,
     jsonrpc_path: str | None = None,
