@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 DEFAULT_BUSY_MESSAGE = "Busy right now \u2014 please resend in a moment."
 
 #: Every reason a turn can be refused for, with the HTTP status and gRPC status code name a
@@ -82,6 +84,12 @@ class AdmissionRejected(Exception):
         self.reason = reason
         self.retry_after = retry_after
         self.priority = priority
+
+    #: For ``rate_limited``: the :class:`admitgate.RateLimit` that refused the turn, and the
+    #: index of its rate that did (its ``requests`` rates first, then its ``tokens``); what
+    #: a front door names in its ``RateLimit`` field. ``None`` for every other reason.
+    rate_limit: Any = None
+    rate_limit_index: int | None = None
 
     @property
     def retry_after_s(self) -> float | None:

@@ -128,7 +128,16 @@ impl Admission {
             BudgetNext::Refused(refused) => {
                 drop(turn);
                 *self.budget.lock() = BudgetState::Done;
-                Err(self.refusal(py, refused.reason, refused.retry_after))
+                let error = self.refusal(py, refused.reason, refused.retry_after);
+                if let Some(by) = refused.by {
+                    // Which limit refused, for a front door's RateLimit fields.
+                    if let Some(limit) = self.gate().get().rate_limits().get(by.limiter) {
+                        let exc = error.value(py);
+                        exc.setattr("rate_limit", limit.clone_ref(py))?;
+                        exc.setattr("rate_limit_index", by.limit)?;
+                    }
+                }
+                Err(error)
             }
             BudgetNext::WaitUntil(at) => {
                 *self.budget.lock() = BudgetState::Stepping(turn);
