@@ -123,6 +123,14 @@ from ._frontdoor import (
     throttle_hint,
     whole_seconds,
 )
+from ._rate_limit_door import (
+    USAGE_HEADER,
+    RateKey,
+    admit_budget_kwargs,
+    check_cost,
+    parse_usage,
+    refusal_fields,
+)
 
 __all__ = [
     "ERROR_DOMAIN",
@@ -289,6 +297,18 @@ def _take_throttle_header(message: Message, slot: RequestSlot) -> Message:
     return message
 
 
+def _strip_usage(headers: Any) -> tuple[list[Any], bytes | None]:
+    """``headers`` without the usage report, and its value (the last one given, if any)."""
+    value = None
+    kept = []
+    for name, v in headers:
+        if name.lower() == USAGE_HEADER:
+            value = v if value is None else b"x"  # given twice: malformed
+        else:
+            kept.append((name, v))
+    return kept, value
+
+
 def _check_retry_after(retry_after: object) -> float | None:
     if retry_after is None:
         return None
@@ -339,11 +359,22 @@ class AdmissionMiddleware:
         max_peek_bytes: how much of a JSON-RPC body is read before admission to learn its
             method and ``id``; also how much more of a queued request's body is read (and
             kept) while it waits, and again when the gate settles it, to see its client leave.
+        rate_key: for a gate with ``rate_limit=``: whose budget a gated request spends, the
+            first source it carries of ``header:NAME`` and ``tenant`` (``session_id``'s
+            tenant), joined by ``|``, e.g. ``"header:x-api-key|header:authorization"``; a
+            request with none spends one anonymous budget. Passed as ``gate.admit(identity=)``,
+            hashed by the gate, never logged. ``None``: the gate's own key (the tenant).
+            A ``rate_limited`` refusal carries ``RateLimit-Policy`` and ``RateLimit``
+            (draft-ietf-httpapi-ratelimit-headers-11).
+        cost: the tokens each gated request reserves (``gate.admit(cost=)``), settled to the
+            app's usage report: an ``admitgate-usage-tokens`` response header (or trailer),
+            which is removed before the client (a malformed one is ignored, counted in
+            :attr:`usage_reports`, and removed too).
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
-        ValueError: a path, ``gate_methods``, ``retry_after`` or ``max_peek_bytes`` is out
-            of range.
+        ValueError: a path, ``gate_methods``, ``retry_after``, ``max_peek_bytes``,
+            ``rate_key`` or ``cost`` is out of range.
     """
 
     def __init__(
@@ -357,6 +388,8 @@ class AdmissionMiddleware:
         session_id: Callable[[Scope], str] | None = None,
         retry_after: float | None = None,
         max_peek_bytes: int = 65536,
+        rate_key: str | None = None,
+        cost: int = 0,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (a callable), got {app!r}")
@@ -392,6 +425,16 @@ class AdmissionMiddleware:
         self.session_id = session_id
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
+        self.rate_key = None if rate_key is None else RateKey(rate_key)
+        if self.rate_key is not None and self.rate_key.uses_tenant and session_id is None:
+            raise ValueError(
+                f"rate_key={rate_key!r} reads the tenant: it needs session_id (the tenant)"
+            )
+        self.cost = check_cost(cost)
+        self.usage_reports = {"reported": 0, "malformed": 0}
+        """Usage reports (``admitgate-usage-tokens``) seen in responses: ``reported`` (handed
+        to the turn, or to nothing on a request that holds no slot) and ``malformed``
+        (ignored); every one is removed before the client."""
         self._gate_all = gate_methods == "all"
         self._rules = sdk_rules(
             prefix, jsonrpc_path, gate_all=self._gate_all, max_peek_bytes=max_peek_bytes
@@ -424,7 +467,7 @@ class AdmissionMiddleware:
 
             async def timed_send(message: Message) -> None:
                 nonlocal end
-                await send(message)
+                await send(self._take_usage(message, None))
                 if message["type"] == "http.response.body" and not message.get("more_body"):
                     end = perf_counter()
 
@@ -468,7 +511,7 @@ class AdmissionMiddleware:
 
                 async def timed_send(message: Message) -> None:
                     nonlocal end
-                    await send(message)
+                    await send(self._take_usage(message, None))
                     if message["type"] == "http.response.body" and not message.get("more_body"):
                         end = perf_counter()
 
@@ -478,10 +521,16 @@ class AdmissionMiddleware:
             session = (
                 "" if self.session_id is None else checked_session(self.session_id(scope), "scope")
             )
+            rate_key = self.rate_key
             admission = self.gate.admit(
                 session_id=session,
                 transport=transport,
                 deadline_s=header_deadline_s(scope["headers"]),
+                **admit_budget_kwargs(
+                    rate_key,
+                    self.cost,
+                    lambda: rate_key.identity_of_headers(scope["headers"], session),  # type: ignore[union-attr]
+                ),
             )
             try:
                 entry = admission.__aenter__()
@@ -528,6 +577,7 @@ class AdmissionMiddleware:
                 if message["type"] == "http.response.start":
                     status = message["status"]
                     message = _take_throttle_header(message, request_slot)
+                message = self._take_usage(message, request_slot)
                 try:
                     await send(message)
                 finally:
@@ -552,6 +602,25 @@ class AdmissionMiddleware:
             if slot is not None:
                 await slot.end_request()
             self.gate.record_request(transport, (end or perf_counter()) - start)
+
+    def _take_usage(self, message: Message, slot: RequestSlot | None) -> Message:
+        """``message`` without the agent's usage report (a response header or trailer), which
+        is reported to ``slot``'s turn; malformed, it is ignored and counted."""
+        kind = message["type"]
+        if kind != "http.response.start" and kind != "http.response.trailers":
+            return message
+        headers = message.get("headers") or ()
+        if not any(name.lower() == USAGE_HEADER for name, _ in headers):
+            return message
+        kept, value = _strip_usage(headers)
+        tokens = None if value is None else parse_usage(value)
+        if tokens is None:
+            self.usage_reports["malformed"] += 1
+        else:
+            self.usage_reports["reported"] += 1
+            if slot is not None:
+                slot.report_usage(tokens)
+        return {**message, "headers": kept}
 
     async def _refuse(
         self, send: Send, transport: str, exc: AdmissionRejected, rpc_id: object
@@ -597,5 +666,6 @@ class AdmissionMiddleware:
         ]
         if seconds is not None:
             headers.append((b"retry-after", str(seconds).encode()))
+        headers += refusal_fields(exc, seconds)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
