@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import threading
 import time
 import uuid
 from collections import Counter
@@ -32,63 +31,13 @@ from _a2a_app import A2A_HEADERS, ControlledExecutor, Latches, ServerThread, bui
 from _a2a_app import send_params as _send_params
 from _broker import BrokerProcess, build_broker
 from _grpc_a2a import A2AServer, LoopThread, user_message
+from _usage_agent import USAGE, UsageReportingAgent, UsageTrailer
 from a2a.types import a2a_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-USAGE = "admitgate-usage-tokens"
 REQUESTS_PER_MIN = 5
 POLICY = '"requests-per-min";q=5;w=60, "tokens-per-min";q=1000;w=60;qu="tokens"'
-
-
-class UsageReportingAgent:
-    """The SDK app, recording which API key each request that reached it carried, and
-    answering with the usage report the test asked for (request header ``x-test-usage``)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.reached: Counter[str] = Counter()
-        self.lock = threading.Lock()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        if scope["method"] == "POST":
-            who = headers.get(b"x-api-key", headers.get(b"authorization", b"-")).decode()
-            with self.lock:
-                self.reached[who] += 1
-        usage = headers.get(b"x-test-usage")
-
-        async def reporting_send(message: Any) -> None:
-            if message["type"] == "http.response.start" and usage is not None:
-                message = {**message, "headers": [*message["headers"], (USAGE.encode(), usage)]}
-            await send(message)
-
-        await self.app(scope, receive, reporting_send)
-
-
-class UsageTrailer(grpc.aio.ServerInterceptor):
-    """Sets the ``admitgate-usage-tokens`` trailer a call's ``x-test-usage`` metadata asks for."""
-
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = await continuation(details)
-        usage = dict(details.invocation_metadata or ()).get("x-test-usage")
-        if handler is None or usage is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
-
-        async def unary(request: Any, context: Any) -> Any:
-            answer = await inner(request, context)
-            context.set_trailing_metadata(((USAGE, usage), ("x-kept", "1")))
-            return answer
-
-        return grpc.unary_unary_rpc_method_handler(
-            unary,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
 
 
 @pytest.fixture(scope="module")
