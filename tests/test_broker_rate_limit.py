@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -38,6 +39,7 @@ from hypothesis import strategies as st
 
 REQUESTS_PER_MIN = 5
 POLICY = '"requests-per-min";q=5;w=60, "tokens-per-min";q=1000;w=60;qu="tokens"'
+FLEET_POLICY = '"requests-per-min";q=5;w=60'
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,7 @@ def env() -> Iterator[Any]:
     executor = ControlledExecutor(latches)
     server = ServerThread()
     agent = UsageReportingAgent(build_sdk_app(executor, server.url))
+    agent.url = server.url
     server.start(agent)
     loop = LoopThread()
     grpc_server = A2AServer([UsageTrailer()])
@@ -78,14 +81,17 @@ def send(client: httpx.Client, url: str, headers: dict[str, str], rpc_id: str) -
     return client.post(url + "/", json=body, headers=headers)
 
 
-def check_refusal(response: httpx.Response, rpc_id: str, policy: str) -> int:
-    """The documented rate_limited refusal; returns its Retry-After."""
+def check_refusal(
+    response: httpx.Response, rpc_id: str, refused_by: str, policy: str = POLICY
+) -> int:
+    """The documented rate_limited refusal by policy ``refused_by``; returns its
+    Retry-After."""
     assert response.status_code == 429, response.text
     assert response.headers["admitgate-reason"] == "rate_limited"
     retry_after = int(response.headers["retry-after"])
     assert retry_after >= 1
-    assert response.headers["ratelimit-policy"] == POLICY
-    assert response.headers["ratelimit"] == f'"{policy}";r=0;t={retry_after}'
+    assert response.headers["ratelimit-policy"] == policy
+    assert response.headers["ratelimit"] == f'"{refused_by}";r=0;t={retry_after}'
     body = response.json()
     assert body["id"] == rpc_id
     assert body["error"]["code"] == -32029
@@ -260,3 +266,49 @@ def test_bad_flags_are_one_line_naming_the_flag() -> None:
         assert done.returncode == 2, done
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and expected in lines[0], done.stderr
+
+
+def test_two_brokers_on_one_redis_share_each_budget_exactly(env: Any, redis_server: Any) -> None:
+    """Fleet-wide: a burst spread over two brokers (the binary and ``python -m admitgate
+    broker``) on one redis-server admits at most the limit per key, exactly the limit when
+    asked for more; Redis holds no key value, only its hash."""
+    agent, _, client, _, _ = env
+    fleet_key = f"rl-{uuid.uuid4().hex[:8]}"
+    common = (
+        "--upstream",
+        agent.url,
+        "--max-in-flight",
+        "1000",
+        "--fleet",
+        redis_server.url,
+        "--fleet-key",
+        fleet_key,
+        "--rate-limit",
+        f"requests={REQUESTS_PER_MIN}/min",
+        "--rate-key",
+        "header:x-api-key",
+    )
+    a = BrokerProcess(build_broker(), *common)
+    b = BrokerProcess(sys.executable, *common, prefix=["-m", "admitgate", "broker"])
+    try:
+        keys = [f"sk-fleet-{uuid.uuid4().hex}" for _ in range(4)]
+        jobs = [(i, keys[i % 4], (a, b)[i % 3 % 2]) for i in range(4 * (REQUESTS_PER_MIN + 4))]
+        codes: Counter[str] = Counter()
+
+        def one(job: tuple[int, str, BrokerProcess]) -> None:
+            i, key, broker = job
+            response = send(client, broker.url, {"x-api-key": key}, f"f{i}")
+            if response.status_code == 200:
+                codes[key] += 1
+            else:
+                check_refusal(response, f"f{i}", "requests-per-min", policy=FLEET_POLICY)
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, jobs))
+        for key in keys:
+            assert agent.reached[key] == codes[key] == REQUESTS_PER_MIN
+        stored = [name for name in redis_server.client().keys("*") if fleet_key in name]
+        assert stored and not any(key in name for key in keys for name in stored)
+    finally:
+        assert a.stop() == 0
+        assert b.stop() == 0

@@ -58,6 +58,14 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^200 from the agent\n200 from the agent\n(429 queue_full, retry after \d+ s\n){3}"
         r"agent card: any-language agent\nbroker drained and stopped$",
     ],
+    "rate_limit_broker.py": [
+        r"^key-a: 200 \(usage header: not shown\)\nkey-a: 200 \(usage header: not shown\)\n"
+        r'key-a: 429 rate_limited, Retry-After (\d+), RateLimit "tokens-per-min";r=0;t=\1\n'
+        r"key-b: 200 \(usage header: not shown\)$",
+        r'^RateLimit-Policy: "requests-per-min";q=3;w=60, "tokens-per-min";q=1000;w=60;'
+        r'qu="tokens"$',
+        r"^broker drained and stopped$",
+    ],
     "fleet.py": [
         r"^20 turns on two replicas, at most [123] at once \(fleet cap 3\)$",
         r"'fleet_backend_up': 1",

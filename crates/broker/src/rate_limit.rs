@@ -127,7 +127,14 @@ impl RateLimitSpec {
                     ))
                 }
             };
-            let rate = Rate::parse(name, value).map_err(|e| bad(flag, text, e))?;
+            // (A flag has no tuple form: the message's hint at `(N, seconds)` is dropped.)
+            let rate = Rate::parse(name, value).map_err(|e| {
+                bad(
+                    flag,
+                    text,
+                    e.to_string().replace(" (or give (N, seconds))", ""),
+                )
+            })?;
             limits.push(Limit::sliding(meter, rate));
         }
         if limits.is_empty() {
