@@ -154,6 +154,11 @@ def test_usage_reports_are_settled_and_never_reach_the_client(env: Any) -> None:
     def grew(name: str) -> float:
         return after.get(name, 0) - before.get(name, 0)
 
+    # A passthrough answer (the agent card) is stripped too: counted as unmatched.
+    card = client.get(broker.url + "/.well-known/agent-card.json", headers={"x-test-usage": "3"})
+    assert card.status_code == 200 and USAGE not in card.headers
+    after = broker.metrics()
+    assert grew('broker_rate_limit_usage_reports_total{outcome="unmatched"}') == 1
     assert grew('broker_rate_limit_usage_reports_total{outcome="settled"}') == 1
     assert grew('broker_rate_limit_usage_reports_total{outcome="malformed"}') == 4
     assert grew('broker_rate_limit_tokens_settled_total{limit="agent:default"}') == 950
@@ -312,3 +317,36 @@ def test_two_brokers_on_one_redis_share_each_budget_exactly(env: Any, redis_serv
     finally:
         assert a.stop() == 0
         assert b.stop() == 0
+
+
+def test_on_limit_wait_holds_the_request_until_the_budget_allows(env: Any) -> None:
+    """``on_limit=wait``: over the budget, a request waits (within --queue-timeout) for the
+    exact time its budget allows it, then runs; nothing is refused."""
+    agent = env[0]
+    broker = BrokerProcess(
+        build_broker(),
+        "--upstream",
+        agent.url,
+        "--max-in-flight",
+        "10",
+        "--queue-timeout",
+        "10",
+        "--rate-limit",
+        "requests=2/s,on_limit=wait",
+        "--rate-key",
+        "header:x-api-key",
+    )
+    try:
+        with httpx.Client(headers=A2A_HEADERS, timeout=30) as client:
+            started = time.monotonic()
+            codes = [
+                send(client, broker.url, {"x-api-key": "w"}, f"w{i}").status_code for i in range(5)
+            ]
+            took = time.monotonic() - started
+        assert codes == [200] * 5
+        # 5 at 2 per second: the 5th fits 2 s after the 1st (and never sooner).
+        assert took >= 1.9, took
+        waited = broker.gauge('broker_rate_limit_waited_total{limit="agent:default"}')
+        assert waited >= 1
+    finally:
+        assert broker.stop() == 0
