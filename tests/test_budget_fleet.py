@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fleet_support import RedisServer, redis_server_binary
 
 REPLICA = Path(__file__).resolve().parent / "budget_replica.py"
