@@ -193,6 +193,17 @@ impl Admission {
         }
     }
 
+    /// When Redis recorded the turn (seconds since the epoch, its clock), if a fleet-wide
+    /// budget decided it there.
+    pub(super) fn budget_server_time(&self) -> Option<f64> {
+        match &*self.budget.lock() {
+            BudgetState::Held(holds) | BudgetState::Running(holds) => {
+                holds.server_time().map(|t| t.as_secs_f64())
+            }
+            _ => None,
+        }
+    }
+
     /// `turn.report_usage(tokens=...)`: settles every budget's reservation (once).
     pub(super) fn budget_settle(&self, tokens: u64) {
         let holds = {

@@ -244,6 +244,13 @@ impl Admission {
         guard(|| self.budget_step_py(py, answer.as_ref()))
     }
 
+    /// When Redis recorded this turn in its first fleet-wide budget (seconds since the epoch,
+    /// Redis's clock), or `None`: for tests that check a fleet's exactness on one clock.
+    #[getter]
+    fn _budget_server_time(&self) -> PyResult<Option<f64>> {
+        guard(|| Ok(self.budget_server_time()))
+    }
+
     /// The budget coroutine was cancelled (or failed): what the turn reserved goes back.
     fn _budget_abandon(&self) -> PyResult<()> {
         guard(|| {

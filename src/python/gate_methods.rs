@@ -893,6 +893,12 @@ impl PyAdmissionGate {
         guard(|| Ok(self.core.stats(now).cancelled))
     }
 
+    /// `rate_limit=`, in the order turns pass them (empty: none).
+    #[getter(rate_limits)]
+    fn rate_limits_getter(&self, py: Python<'_>) -> Vec<Py<PyRateLimit>> {
+        self.rate_limits.iter().map(|l| l.clone_ref(py)).collect()
+    }
+
     /// Admitted turns parked on a human approval, not holding a slot.
     #[getter]
     fn awaiting_human(&self) -> PyResult<u64> {

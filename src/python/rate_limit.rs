@@ -257,10 +257,13 @@ fn shown_rates(rates: &[(String, Rate)]) -> Vec<String> {
 #[pymethods]
 impl PyRateLimit {
     #[new]
-    #[pyo3(signature = (
-        requests=None, tokens=None, key=None, fleet=None, on_limit=None, name=None,
-        on_backend_error=None, burst=None
-    ))]
+    #[pyo3(
+        signature = (
+            requests=None, tokens=None, key=None, fleet=None, on_limit=None, name=None,
+            on_backend_error=None, burst=None
+        ),
+        text_signature = "(requests=None, tokens=None, key=None, fleet=None, on_limit='reject', name='default', on_backend_error='local', burst=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         requests: Option<Bound<'_, PyAny>>,

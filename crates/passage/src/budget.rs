@@ -331,6 +331,16 @@ impl BudgetHolds {
         self.holds.is_empty()
     }
 
+    /// When Redis recorded the turn in the first fleet-wide budget that did (its clock, since
+    /// the Unix epoch): the one clock every replica's admissions share, for checking a
+    /// fleet's exactness. `None` when no fleet budget decided it on Redis.
+    pub fn server_time(&self) -> Option<Duration> {
+        self.holds.iter().find_map(|(_, hold)| match hold {
+            Hold::Fleet(r) => r.server_time(),
+            Hold::Local(_) => None,
+        })
+    }
+
     /// The turn used `tokens`: each limiter refunds the difference from its estimate, or
     /// records the excess as a debt that delays the identity's next turns.
     pub fn settle(self, tokens: u64) {
