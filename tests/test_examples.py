@@ -66,6 +66,13 @@ ONE_SHOT: dict[str, list[str]] = {
         r'qu="tokens"$',
         r"^broker drained and stopped$",
     ],
+    "rate_limit_http.py": [
+        r"^key-a: 200 \(usage header: not shown\)\nkey-a: 200 \(usage header: not shown\)\n"
+        r'key-a: 429 rate_limited, RateLimit "requests-per-min";r=0;t=\d+\n'
+        r'  RateLimit-Policy "requests-per-min";q=2;w=60, "tokens-per-min";q=1000;w=60;'
+        r'qu="tokens"\nkey-b: 200 \(usage header: not shown\)\nno key: 200',
+        r"^allowed 4, limited 1, tokens settled 480$",
+    ],
     "fleet.py": [
         r"^20 turns on two replicas, at most [123] at once \(fleet cap 3\)$",
         r"'fleet_backend_up': 1",
