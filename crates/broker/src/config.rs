@@ -920,5 +920,28 @@ mod tests {
         };
         let e = Config::resolve(keywords).unwrap_err().to_string();
         assert!(e.starts_with("rate_limit \"tokens=5/s,cost=6\": "), "{e}");
+        // And from the config file, named as its key there.
+        let path = std::env::temp_dir().join(format!("admitgate-rate-{}.yaml", std::process::id()));
+        std::fs::write(
+            &path,
+            "upstream: http://127.0.0.1:9\nrate_limit: requests=5/s,cost=1\nrate_key: header:x-k\n",
+        )
+        .unwrap();
+        let e = Config::from_args(["b", "--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        let expected = format!(
+            "rate_limit (in {}) \"requests=5/s,cost=1\": cost= needs a tokens= rate",
+            path.display()
+        );
+        assert!(e.contains(&expected), "{e}");
+        std::fs::write(
+            &path,
+            "upstream: http://127.0.0.1:9\nrate_limit: requests=5/s\nrate_key: header:x-k\n",
+        )
+        .unwrap();
+        let c = Config::from_args(["b", "--config", path.to_str().unwrap()]).unwrap();
+        assert_eq!(c.rate_limit.unwrap().policies, ["requests-per-s"]);
+        std::fs::remove_file(&path).unwrap();
     }
 }
