@@ -10,6 +10,7 @@ counting what reached the agent.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -76,7 +77,10 @@ def check_refusal(response: httpx.Response, rpc_id: str, policy: str) -> int:
     return retry_after
 
 
-def test_http_refusals_carry_the_exact_retry_time_and_the_fields(http: Any) -> None:
+def test_http_refusals_carry_the_exact_retry_time_and_the_fields(
+    http: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     agent, door, gate, server, client = http
     api_key = f"sk-{uuid.uuid4().hex}"
     sent = []
@@ -93,7 +97,8 @@ def test_http_refusals_carry_the_exact_retry_time_and_the_fields(http: Any) -> N
         assert retry_after <= math.ceil(first_answered + 60 - before)
     assert gate.stats()["rate_limits"]["default"]["limited"] >= 2
     shown = repr(gate.stats()) + "".join(s[2].text + repr(s[2].headers) for s in sent)
-    assert api_key not in shown
+    assert caplog.text  # what was logged at every level (the SDK's debug lines too)
+    assert api_key not in shown + caplog.text
 
 
 def test_http_usage_is_settled_and_removed(http: Any) -> None:
