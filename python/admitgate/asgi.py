@@ -572,16 +572,28 @@ class AdmissionMiddleware:
 
             status = 0
 
+            trailers = False
+
             async def gated_send(message: Message) -> None:
-                nonlocal end, status
+                nonlocal end, status, trailers
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                    trailers = bool(message.get("trailers"))
                     message = _take_throttle_header(message, request_slot)
                 message = self._take_usage(message, request_slot)
                 try:
                     await send(message)
                 finally:
-                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                    # A response that announced trailers ends with its last trailers (they may
+                    # carry the usage report), else with its last body chunk.
+                    if (
+                        message["type"] == "http.response.trailers"
+                        and not message.get("more_trailers")
+                    ) or (
+                        not trailers
+                        and message["type"] == "http.response.body"
+                        and not message.get("more_body")
+                    ):
                         end = perf_counter()
                         # An error answer's slot is held until the app returns: a framework
                         # that turns an exception into a 500 sends it first, then re-raises
