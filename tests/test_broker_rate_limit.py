@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -350,3 +351,38 @@ def test_on_limit_wait_holds_the_request_until_the_budget_allows(env: Any) -> No
         assert waited >= 1
     finally:
         assert broker.stop() == 0
+
+
+def test_with_redis_down_on_backend_error_decides(env: Any) -> None:
+    """The fleet's Redis unreachable: ``on_backend_error=reject`` refuses
+    ``fleet_unavailable`` (503, never over the limit); ``local`` decides with this broker's
+    own budget (the limit still holds per broker)."""
+    agent, _, client, _, _ = env
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}"
+    for mode, expected in [("reject", [503] * 3), ("local", [200, 200, 429])]:
+        broker = BrokerProcess(
+            build_broker(),
+            "--upstream",
+            agent.url,
+            "--max-in-flight",
+            "10",
+            "--fleet",
+            dead,
+            "--rate-limit",
+            f"requests=2/min,on_backend_error={mode}",
+            "--rate-key",
+            "header:x-api-key",
+        )
+        try:
+            answers = [send(client, broker.url, {"x-api-key": mode}, f"d{i}") for i in range(3)]
+            assert [a.status_code for a in answers] == expected, [a.text for a in answers]
+            if mode == "reject":
+                assert {a.headers["admitgate-reason"] for a in answers} == {"fleet_unavailable"}
+            else:
+                check_refusal(
+                    answers[2], "d2", "requests-per-min", policy='"requests-per-min";q=2;w=60'
+                )
+        finally:
+            assert broker.stop() == 0
