@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 
 use admitgate_passage::Permit;
 
-use crate::rate_limit::{self, UsageCounters};
-
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+
+use crate::rate_limit::{self, DoorCounters};
 
 /// Any error a forwarded body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -358,7 +358,7 @@ pub struct Held {
     done: bool,
     /// Where usage reports in the trailers are counted; whether this turn's was settled
     /// (from the response's header) already.
-    usage: Arc<UsageCounters>,
+    usage: Arc<DoorCounters>,
     usage_settled: bool,
 }
 
@@ -405,7 +405,7 @@ impl Held {
         abandoned_timeout: Duration,
         send_timeout: Duration,
         on_end: Box<dyn FnOnce() + Send>,
-        usage: Arc<UsageCounters>,
+        usage: Arc<DoorCounters>,
         usage_settled: bool,
     ) -> Self {
         let gated = permit.is_some();

@@ -52,7 +52,7 @@ use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
-use crate::rate_limit::{self, UsageCounters};
+use crate::rate_limit::{self, DoorCounters};
 use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
 
@@ -78,8 +78,9 @@ pub struct Broker {
     http2: Client<HttpConnector, Replayed>,
     /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
     pub upstream_health: UpstreamHealth,
-    /// The agents' usage reports (`admitgate-usage-tokens`), settled or not.
-    pub usage: Arc<UsageCounters>,
+    /// The budget door's counters: the agents' usage reports (`admitgate-usage-tokens`), and
+    /// refusals by policy.
+    pub usage: Arc<DoorCounters>,
 }
 
 /// What one stream of the shared h2c upstream connection may have unread in the broker.

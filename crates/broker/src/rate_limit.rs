@@ -418,9 +418,10 @@ pub fn settle(permit: &mut Permit, usage: Usage) -> bool {
     }
 }
 
-/// The door's own counters of usage reports (the budget's are passage's).
+/// The door's own counters: usage reports by outcome, refusals by policy (the budget's own
+/// counters are passage's).
 #[derive(Debug, Default)]
-pub struct UsageCounters {
+pub struct DoorCounters {
     /// Reports settled against a turn's reservation.
     pub settled: AtomicU64,
     /// Malformed reports: ignored, and stripped.
@@ -435,7 +436,7 @@ pub struct UsageCounters {
 /// The most policies whose refusals are counted one by one.
 pub const MAX_POLICIES: usize = 16;
 
-impl UsageCounters {
+impl DoorCounters {
     /// Counts a refusal by policy `index`.
     pub fn refused(&self, index: usize) {
         if let Some(cell) = self.refused_by.get(index) {
@@ -659,7 +660,7 @@ mod tests {
         headers.append(USAGE_HEADER, HeaderValue::from_static("2"));
         assert_eq!(take_usage(&mut headers), Usage::Malformed);
         assert!(!headers.contains_key(&USAGE_HEADER));
-        let counters = UsageCounters::default();
+        let counters = DoorCounters::default();
         counters.count(Usage::Tokens(3), true);
         counters.count(Usage::Tokens(3), false);
         counters.count(Usage::Malformed, true);
