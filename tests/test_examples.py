@@ -106,6 +106,18 @@ ONE_SHOT: dict[str, list[str]] = {
         r"'interactive': \{'in_flight': 0, 'queued': 0, 'admitted': 3, 'rejected': 0, 'shed': 0",
         r"'batch': \{'in_flight': 0, 'queued': 0, 'admitted': 9, 'rejected': 0, 'shed': 3",
     ],
+    "budgets.py": [
+        r"^refused: rate_limited, retry in 2\.0 s$",
+        r"^after the retry time: admitted$",
+        r"^cost 5000 of 1000/min: rate_limited, retry_after=None$",
+        r"^3 turns at 1 per 0\.5 s took 1\.\d s$",
+        r"'allowed': 4, 'limited': 2, 'tokens_reserved': 700, 'tokens_settled': 250",
+    ],
+    "budgets_fleet.py": [
+        r"^12 turns on two replicas: 5 admitted, 7 refused \{'rate_limited'\}$",
+        r"^the next one fits in 10 s$",
+        r"^allowed per replica: \[\d, \d\]$",
+    ],
     "check_config.py": [
         r"^ceiling 32 soft RSS 921\.6 MiB$",
         r"^queue_depth from override$",

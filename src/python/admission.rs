@@ -25,7 +25,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use super::args;
-use super::budget_step::BudgetState;
 use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection_in;
@@ -34,6 +33,7 @@ use super::wake::{Core, PyWaker};
 use admitgate_core::overload::Outcome;
 use admitgate_core::transport::TransportId;
 use admitgate_core::{ClassId, Registered, Rejection, WaiterKey};
+use admitgate_passage::budget::{BudgetHolds, BudgetTurn};
 
 /// One turn's passage through the gate: the context manager `gate.admit()` returns (its
 /// Python methods are in `enter`).
@@ -72,6 +72,22 @@ pub(super) struct ProviderReport {
     pub(super) throttled: Option<Option<Duration>>,
     /// `x-ratelimit-remaining-requests`.
     pub(super) remaining: Option<u64>,
+}
+
+/// Where a turn is with its budgets.
+#[derive(Default)]
+pub enum BudgetState {
+    /// No budget (or not yet asked).
+    #[default]
+    None,
+    /// Deciding: waiting for a retry time or for Redis.
+    Stepping(BudgetTurn),
+    /// Admitted by its budgets; not yet running (given back if it is refused or cancelled).
+    Held(BudgetHolds),
+    /// It ran: the estimates stay spent unless it reports its usage.
+    Running(BudgetHolds),
+    /// Settled, given back, or refused.
+    Done,
 }
 
 /// What `gate.admit()` / `gate.admit_sync()` were asked for.
@@ -124,6 +140,40 @@ impl Admission {
     /// The gate the turn passes.
     pub fn gate(&self) -> &Py<PyAdmissionGate> {
         &self.gate
+    }
+
+    /// The front door the turn came through.
+    pub(super) fn transport(&self) -> TransportId {
+        self.turn.lock().transport()
+    }
+
+    /// The turn ran: its budgets keep its estimates unless it reports its usage.
+    pub(super) fn budget_ran(&self) {
+        let mut state = self.budget.lock();
+        if let BudgetState::Held(_) = &*state {
+            if let BudgetState::Held(holds) = std::mem::take(&mut *state) {
+                *state = BudgetState::Running(holds);
+            }
+        }
+    }
+
+    /// The turn will not run (refused, cancelled, abandoned): its budgets get back whatever
+    /// it reserved.
+    pub(super) fn give_back_budget(&self) {
+        let state = {
+            let mut state = self.budget.lock();
+            match &*state {
+                BudgetState::Held(_) | BudgetState::Stepping(_) => {
+                    std::mem::replace(&mut *state, BudgetState::Done)
+                }
+                _ => return,
+            }
+        };
+        match state {
+            BudgetState::Held(holds) => holds.cancel(),
+            // Dropping the step gives back what it holds.
+            other => drop(other),
+        }
     }
 
     /// The exception this turn raises when refused for `reason`: it names the turn's

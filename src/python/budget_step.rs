@@ -10,33 +10,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admitgate_passage::budget::{BudgetHolds, BudgetNext, BudgetTurn, FleetAnswer};
+use admitgate_passage::budget::{BudgetNext, BudgetTurn, FleetAnswer};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyString};
 
-use super::admission::Admission;
+use super::admission::{Admission, BudgetState};
 use super::args;
 use super::fleet::{future_into_py, runtime_start};
 use super::runtime::now;
-
-/// Where a turn is with its budgets.
-#[derive(Default)]
-pub enum BudgetState {
-    /// No budget (or not yet asked).
-    #[default]
-    None,
-    /// Deciding: waiting for a retry time or for Redis.
-    Stepping(BudgetTurn),
-    /// Admitted by its budgets; not yet running (given back if it is refused or cancelled).
-    Held(BudgetHolds),
-    /// It ran: the estimates stay spent unless it reports its usage.
-    Running(BudgetHolds),
-    /// Settled, given back, or refused.
-    Done,
-}
 
 /// `identity=` or a key's answer: a str (UTF-8, lone surrogates escaped) or bytes.
 pub fn identity_bytes(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Arc<[u8]>> {
@@ -128,6 +112,13 @@ impl Admission {
             BudgetNext::Refused(refused) => {
                 drop(turn);
                 *self.budget.lock() = BudgetState::Done;
+                // Counted per front door as every refusal is (`transport_stats()`, metrics).
+                let transport = self.transport();
+                self.gate()
+                    .get()
+                    .core
+                    .transports
+                    .rejected(transport, refused.reason);
                 let error = self.refusal(py, refused.reason, refused.retry_after);
                 if let Some(by) = refused.by {
                     // Which limit refused, for a front door's RateLimit fields.
@@ -162,35 +153,6 @@ impl Admission {
             None => turn.step(Instant::now()),
         };
         self.budget_next(py, turn, next)
-    }
-
-    /// The turn ran: its budgets keep its estimates unless it reports its usage.
-    pub(super) fn budget_ran(&self) {
-        let mut state = self.budget.lock();
-        if let BudgetState::Held(_) = &*state {
-            if let BudgetState::Held(holds) = std::mem::take(&mut *state) {
-                *state = BudgetState::Running(holds);
-            }
-        }
-    }
-
-    /// The turn will not run (refused, cancelled, abandoned): its budgets get back whatever
-    /// it reserved.
-    pub(super) fn give_back_budget(&self) {
-        let state = {
-            let mut state = self.budget.lock();
-            match &*state {
-                BudgetState::Held(_) | BudgetState::Stepping(_) => {
-                    std::mem::replace(&mut *state, BudgetState::Done)
-                }
-                _ => return,
-            }
-        };
-        match state {
-            BudgetState::Held(holds) => holds.cancel(),
-            // Dropping the step gives back what it holds.
-            other => drop(other),
-        }
     }
 
     /// When Redis recorded the turn (seconds since the epoch, its clock), if a fleet-wide

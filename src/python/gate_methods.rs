@@ -374,14 +374,18 @@ impl PyAdmissionGate {
 #[pymethods]
 impl PyAdmissionGate {
     #[new]
-    #[pyo3(signature = (
-        policy=None, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None,
-        queue_discipline=None, priorities=None, default_priority=None, fairness=None,
-        tenant_weights=None, rate_limit=None
-    ))]
+    #[pyo3(
+        signature = (
+            *args, policy=None, resource_policy=None, resource_sampler=None, fleet=None,
+            adaptive=None, queue_discipline=None, priorities=None, default_priority=None,
+            fairness=None, tenant_weights=None, rate_limit=None
+        ),
+        text_signature = "(policy=None, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None, queue_discipline=None, priorities=None, default_priority=None, fairness=None, tenant_weights=None, rate_limit=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
+        args: &Bound<'_, pyo3::types::PyTuple>,
         policy: Option<Bound<'_, PyAny>>,
         resource_policy: Option<Bound<'_, PyAny>>,
         resource_sampler: Option<Bound<'_, PyAny>>,
@@ -395,6 +399,27 @@ impl PyAdmissionGate {
         rate_limit: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
+            // `policy` is required (None for a gate without a ceiling), as the reference's
+            // is, except for a gate that enforces only its budget: `AdmissionGate(rate_limit=...)`.
+            let policy = match (args.len(), policy) {
+                (0, None) if rate_limit.as_ref().is_none_or(|r| r.is_none()) => {
+                    return Err(PyTypeError::new_err(
+                        "AdmissionGate() missing 1 required positional argument: 'policy' (None for a gate without a ceiling; or give rate_limit=)",
+                    ))
+                }
+                (0, policy) => policy,
+                (1, None) => Some(args.get_item(0)?).filter(|p| !p.is_none()),
+                (1, Some(_)) => {
+                    return Err(PyTypeError::new_err(
+                        "AdmissionGate() got multiple values for argument 'policy'",
+                    ))
+                }
+                (n, _) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "AdmissionGate() takes 1 positional argument (policy) but {n} were given; the other options are keyword-only"
+                    )))
+                }
+            };
             let rate_limits = rate_limits_arg(rate_limit.as_ref())?;
             let (order, classed) = priorities::order_from(
                 py,
