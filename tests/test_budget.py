@@ -400,3 +400,31 @@ def test_threads_and_loops_together_keep_the_budget():
     s = limit.stats()
     assert s["allowed"] == len(admitted)
     assert s["allowed"] + s["limited"] == 60
+
+
+@on_a_loop
+async def test_metrics_export_each_limit_without_identities():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    import admitgate.metrics
+
+    chat = RateLimit(requests="1/min", tokens="500/min", name="chat")
+    gate = build_admission_gate(max_concurrent_runs=2, rate_limit=chat)
+    registry = prometheus_client.CollectorRegistry()
+    admitgate.metrics.register(gate, registry=registry)
+    async with gate.admit(session_id="secret-user-id", cost=100) as turn:
+        turn.report_usage(tokens=40)
+    with pytest.raises(AdmissionRejected):
+        async with gate.admit(session_id="secret-user-id", cost=1):
+            pass
+    text = prometheus_client.generate_latest(registry).decode()
+    assert 'admitgate_rate_limit_allowed_total{limit="chat"} 1.0' in text
+    assert 'admitgate_rate_limit_limited_total{limit="chat"} 1.0' in text
+    assert 'admitgate_rate_limit_tokens_reserved_total{limit="chat"} 100.0' in text
+    assert 'admitgate_rate_limit_tokens_settled_total{limit="chat"} 40.0' in text
+    assert 'admitgate_rate_limit_keys{limit="chat"} 1.0' in text
+    assert 'admitgate_rejected_total{reason="rate_limited",transport="direct"} 1.0' in text, text
+    assert "secret-user-id" not in text
+    # A gate without a budget exports no budget family.
+    plain = prometheus_client.CollectorRegistry()
+    admitgate.metrics.register(build_admission_gate(max_concurrent_runs=2), registry=plain)
+    assert "admitgate_rate_limit_" not in prometheus_client.generate_latest(plain).decode()
