@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -428,3 +429,25 @@ async def test_metrics_export_each_limit_without_identities():
     plain = prometheus_client.CollectorRegistry()
     admitgate.metrics.register(build_admission_gate(max_concurrent_runs=2), registry=plain)
     assert "admitgate_rate_limit_" not in prometheus_client.generate_latest(plain).decode()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_with_an_empty_budget():
+    limit = RateLimit(requests="1/min", name="forked")
+    gate = build_admission_gate(rate_limit=limit)
+    with gate.admit_sync(session_id="k"):
+        pass
+    pid = os.fork()
+    if pid == 0:  # the child: its budget is its own, empty
+        code = 1
+        try:
+            with gate.admit_sync(session_id="k"):
+                code = 0 if limit.stats()["allowed"] == 1 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's is untouched.
+    with pytest.raises(AdmissionRejected):
+        with gate.admit_sync(session_id="k"):
+            pass
