@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -400,3 +401,53 @@ def test_threads_and_loops_together_keep_the_budget():
     s = limit.stats()
     assert s["allowed"] == len(admitted)
     assert s["allowed"] + s["limited"] == 60
+
+
+@on_a_loop
+async def test_metrics_export_each_limit_without_identities():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    import admitgate.metrics
+
+    chat = RateLimit(requests="1/min", tokens="500/min", name="chat")
+    gate = build_admission_gate(max_concurrent_runs=2, rate_limit=chat)
+    registry = prometheus_client.CollectorRegistry()
+    admitgate.metrics.register(gate, registry=registry)
+    async with gate.admit(session_id="secret-user-id", cost=100) as turn:
+        turn.report_usage(tokens=40)
+    with pytest.raises(AdmissionRejected):
+        async with gate.admit(session_id="secret-user-id", cost=1):
+            pass
+    text = prometheus_client.generate_latest(registry).decode()
+    assert 'admitgate_rate_limit_allowed_total{limit="chat"} 1.0' in text
+    assert 'admitgate_rate_limit_limited_total{limit="chat"} 1.0' in text
+    assert 'admitgate_rate_limit_tokens_reserved_total{limit="chat"} 100.0' in text
+    assert 'admitgate_rate_limit_tokens_settled_total{limit="chat"} 40.0' in text
+    assert 'admitgate_rate_limit_keys{limit="chat"} 1.0' in text
+    assert 'admitgate_rejected_total{reason="rate_limited",transport="direct"} 1.0' in text, text
+    assert "secret-user-id" not in text
+    # A gate without a budget exports no budget family.
+    plain = prometheus_client.CollectorRegistry()
+    admitgate.metrics.register(build_admission_gate(max_concurrent_runs=2), registry=plain)
+    assert "admitgate_rate_limit_" not in prometheus_client.generate_latest(plain).decode()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_with_an_empty_budget():
+    limit = RateLimit(requests="1/min", name="forked")
+    gate = build_admission_gate(rate_limit=limit)
+    with gate.admit_sync(session_id="k"):
+        pass
+    pid = os.fork()
+    if pid == 0:  # the child: its budget is its own, empty
+        code = 1
+        try:
+            with gate.admit_sync(session_id="k"):
+                code = 0 if limit.stats()["allowed"] == 1 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's is untouched.
+    with pytest.raises(AdmissionRejected):
+        with gate.admit_sync(session_id="k"):
+            pass

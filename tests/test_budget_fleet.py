@@ -1,5 +1,5 @@
 """The fleet-wide budget's exactness bar and its faults, with three replica processes
-(``tests/budget_replica.py``) on one real redis-server:
+(``benchmarks/budget_replica.py``, shared with the benchmark) on one real redis-server:
 
 * 50 identities bursting at ~100x the limit: requests admitted per identity in any window are
   at most the limit, exactly (checked on Redis's own clock, which decided every admission),
@@ -9,7 +9,7 @@
   R x N per identity per window; decisions resume after recovery (nothing stuck); the
   replicas' event loops are never blocked for more than 5 ms.
 
-The full 10 s version of the burst is ``python -m benchmarks.budget_fleet`` (BENCHMARKS.md).
+The full 10 s version of the burst is ``python benchmarks/budget_fleet.py`` (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from fleet_support import RedisServer, redis_server_binary
 
-REPLICA = Path(__file__).resolve().parent / "budget_replica.py"
+REPLICA = Path(__file__).resolve().parent.parent / "benchmarks" / "budget_replica.py"
 N, WINDOW = 2, 1.0
 IDENTITIES = 50
 #: Short timeouts, so a paused Redis counts as down within the burst (the defaults wait up to

@@ -483,6 +483,17 @@ impl BudgetTurn {
             let identity = self.identity(i);
             match &limiter.backend {
                 BudgetBackend::Fleet(budget) => {
+                    // A known refusal, or Redis down: decided here, with no round trip.
+                    if let Some(result) = budget.decide_now(&identity, self.tokens) {
+                        let answer = FleetAnswer {
+                            budget: budget.clone(),
+                            result: Some(result),
+                        };
+                        match self.fleet_answer(answer, now) {
+                            Some(next) => return next,
+                            None => continue,
+                        }
+                    }
                     return BudgetNext::Ask(FleetAsk {
                         budget: budget.clone(),
                         identity,
@@ -509,22 +520,25 @@ impl BudgetTurn {
     }
 
     /// The fleet budget asked last answered (at `now`): goes on from there.
-    pub fn answered(&mut self, mut answer: FleetAnswer, now: Instant) -> BudgetNext {
+    pub fn answered(&mut self, answer: FleetAnswer, now: Instant) -> BudgetNext {
+        match self.fleet_answer(answer, now) {
+            Some(next) => next,
+            None => self.step(now),
+        }
+    }
+
+    /// Takes the fleet's answer for the next limiter: what next, or `None` to go on stepping.
+    fn fleet_answer(&mut self, mut answer: FleetAnswer, now: Instant) -> Option<BudgetNext> {
         let i = self.held.len();
-        let Some(limiter) = self.limits.0.get(i).cloned() else {
-            return self.step(now);
-        };
+        let limiter = self.limits.0.get(i).cloned()?;
         match answer.result.take() {
             Some(Ok(FleetDecision::Allowed(reservation))) => {
                 limiter.allowed(self.tokens);
                 self.held.push((limiter, Hold::Fleet(reservation)));
-                self.step(now)
+                None
             }
             Some(Ok(FleetDecision::Limited(refusal))) => {
-                match self.limited(i, refusal.limit, refusal.retry_after, now) {
-                    Some(next) => next,
-                    None => self.step(now),
-                }
+                self.limited(i, refusal.limit, refusal.retry_after, now)
             }
             Some(Err(_)) | None => {
                 bump(&limiter.counters.unavailable, 1);
@@ -534,11 +548,11 @@ impl BudgetTurn {
                     BudgetBackend::Fleet(budget) => Some(budget.fleet().config().probe_interval),
                     BudgetBackend::Local(_) => None,
                 };
-                BudgetNext::Refused(Refused {
+                Some(BudgetNext::Refused(Refused {
                     reason: Rejection::FleetUnavailable,
                     retry_after: retry,
                     by: None,
-                })
+                }))
             }
         }
     }
