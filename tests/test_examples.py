@@ -58,6 +58,21 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^200 from the agent\n200 from the agent\n(429 queue_full, retry after \d+ s\n){3}"
         r"agent card: any-language agent\nbroker drained and stopped$",
     ],
+    "rate_limit_broker.py": [
+        r"^key-a: 200 \(usage header: not shown\)\nkey-a: 200 \(usage header: not shown\)\n"
+        r'key-a: 429 rate_limited, Retry-After (\d+), RateLimit "tokens-per-min";r=0;t=\1\n'
+        r"key-b: 200 \(usage header: not shown\)$",
+        r'^RateLimit-Policy: "requests-per-min";q=3;w=60, "tokens-per-min";q=1000;w=60;'
+        r'qu="tokens"$',
+        r"^broker drained and stopped$",
+    ],
+    "rate_limit_http.py": [
+        r"^key-a: 200 \(usage header: not shown\)\nkey-a: 200 \(usage header: not shown\)\n"
+        r'key-a: 429 rate_limited, RateLimit "requests-per-min";r=0;t=\d+\n'
+        r'  RateLimit-Policy "requests-per-min";q=2;w=60, "tokens-per-min";q=1000;w=60;'
+        r'qu="tokens"\nkey-b: 200 \(usage header: not shown\)\nno key: 200',
+        r"^allowed 4, limited 1, tokens settled 480$",
+    ],
     "fleet.py": [
         r"^20 turns on two replicas, at most [123] at once \(fleet cap 3\)$",
         r"'fleet_backend_up': 1",
@@ -98,6 +113,18 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^the chat turns started \[5, 6, 7\] of 12$",
         r"'interactive': \{'in_flight': 0, 'queued': 0, 'admitted': 3, 'rejected': 0, 'shed': 0",
         r"'batch': \{'in_flight': 0, 'queued': 0, 'admitted': 9, 'rejected': 0, 'shed': 3",
+    ],
+    "budgets.py": [
+        r"^refused: rate_limited, retry in 2\.0 s$",
+        r"^after the retry time: admitted$",
+        r"^cost 5000 of 1000/min: rate_limited, retry_after=None$",
+        r"^3 turns at 1 per 0\.5 s took 1\.\d s$",
+        r"'allowed': 4, 'limited': 2, 'tokens_reserved': 700, 'tokens_settled': 250",
+    ],
+    "budgets_fleet.py": [
+        r"^12 turns on two replicas: 5 admitted, 7 refused \{'rate_limited'\}$",
+        r"^the next one fits in 10 s$",
+        r"^allowed per replica: \[\d, \d\]$",
     ],
     "check_config.py": [
         r"^ceiling 32 soft RSS 921\.6 MiB$",

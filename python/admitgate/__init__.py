@@ -27,6 +27,7 @@ from ._admitgate import (
     FleetLimit,
     InternalError,
     MemoryPressurePolicy,
+    RateLimit,
     RssSampler,
 )
 from ._builders import build_admission_gate, build_memory_pressure_policy
@@ -52,6 +53,7 @@ __all__ = [
     "InternalError",
     "MemoryPressurePolicy",
     "PriorityClass",
+    "RateLimit",
     "ResourceSample",
     "RssSampler",
     "build_admission_gate",

@@ -50,6 +50,8 @@ __all__ = [
     "FleetLimit",
     "FleetLease",
     "LeaseWait",
+    "RateLimit",
+    "BudgetAnswer",
     "serve_broker",
     "WindowLockout",
     "__version__",
@@ -196,11 +198,15 @@ class AdmissionGate:
     classes (``"none"`` turns it off) and off without. ``tenant_weights`` (``{tenant:
     weight}``, 1 to 1,000,000) weighs tenants' shares under fair queuing. See
     ``docs/priorities.md``.
+
+    ``rate_limit`` (a :class:`RateLimit` or a list of them, names unique) is passed by every
+    turn, in order, before its slot and lease: a turn a budget refuses never takes either.
+    ``AdmissionGate(rate_limit=...)`` alone enforces only the budget. See ``docs/budgets.md``.
     """
 
     def __new__(
         cls,
-        policy: Any | None,
+        policy: Any | None = None,
         *,
         resource_policy: Any | None = None,
         resource_sampler: Any | None = None,
@@ -211,7 +217,11 @@ class AdmissionGate:
         default_priority: str | None = None,
         fairness: Literal["tenant", "none"] | None = None,
         tenant_weights: Mapping[str, int] | None = None,
+        rate_limit: RateLimit | Sequence[RateLimit] | None = None,
     ) -> AdmissionGate: ...
+    @property
+    def rate_limits(self) -> list[RateLimit]:
+        """``rate_limit=``, in the order turns pass them (empty: none)."""
     @property
     def adaptive(self) -> AdaptiveLimit | None:
         """The adaptive ceiling's settings (``adaptive=``), or ``None``."""
@@ -234,9 +244,20 @@ class AdmissionGate:
         on_queued: Callable[[int, float | None], object] | None = None,
         deadline_s: float | None = None,
         priority: str | None = None,
+        cost: int = 0,
+        identity: str | bytes | None = None,
     ) -> Admission:
-        """One turn's passage: ``async with gate.admit(session_id=user):``. Raises
-        ``AdmissionRejected`` on entry if the turn is rejected, or evicted while waiting.
+        """One turn's passage: ``async with gate.admit(session_id=user) as turn:`` (the
+        turn is this admission, on every gate). Raises ``AdmissionRejected`` on entry if the
+        turn is rejected, or evicted while waiting.
+
+        With ``rate_limit=``: ``cost`` is the turn's token estimate (an int >= 0), reserved
+        in every token limit before the turn's slot and settled by
+        :meth:`Admission.report_usage`; ``identity`` (a str or bytes) keys the turn in every
+        budget instead of ``key(session_id)`` or the ``session_id`` (the front doors pass the
+        ``--rate-key`` value through it). A budget that refuses raises ``rate_limited`` with
+        the exact ``retry_after`` (``on_limit="reject"``), or the turn waits for it within its
+        queue timeout and ``deadline_s`` (``on_limit="wait"``).
 
         ``deadline_s`` is how many seconds the caller will wait for the whole turn: a turn
         that would wait is refused at once (reason ``deadline``) when less is left than the
@@ -263,8 +284,12 @@ class AdmissionGate:
         on_queued: Callable[[int, float | None], object] | None = None,
         deadline_s: float | None = None,
         priority: str | None = None,
+        cost: int = 0,
+        identity: str | bytes | None = None,
     ) -> Admission:
-        """One turn from a worker thread: ``with gate.admit_sync(session_id=user):``. Shares
+        """One turn from a worker thread: ``with gate.admit_sync(session_id=user) as turn:``
+        (``cost`` and ``identity`` as for :meth:`admit`; a budget's wait is on this thread,
+        without the GIL). Shares
         the slots, queues and FIFO order of async turns; waits without holding the GIL, at
         most ``timeout`` seconds and at most ``queue_timeout_s`` (the smaller wins; refused
         with reason ``timeout``). Raises ``RuntimeError`` at once on a thread running an
@@ -416,7 +441,17 @@ class Admission:
     def report_remaining(self, requests: int) -> None:
         """Reports the provider's ``x-ratelimit-remaining-requests``: at 0 the adaptive
         ceiling does not grow."""
-    def __aenter__(self) -> Ready | Entered | Wait | LeaseWait: ...
+    def report_usage(self, *, tokens: int) -> None:
+        """Reports the tokens this turn really used: each budget (``rate_limit=``) refunds
+        what its estimate (``cost=``) held beyond that, or records the excess as a debt that
+        delays the identity's next turns. Only the first report counts; without a budget it
+        is ignored. An unreported turn keeps its estimate."""
+    def _budget_step(self, answer: BudgetAnswer | None = None) -> Any: ...
+    def _budget_abandon(self) -> None: ...
+    @property
+    def _budget_server_time(self) -> float | None: ...
+    def _enter_gate(self) -> Entered | Wait | LeaseWait: ...
+    def __aenter__(self) -> Entered | Wait | LeaseWait | Coroutine[Any, Any, Admission]: ...
     def __enter__(self) -> Admission: ...
     def __exit__(
         self,
@@ -428,9 +463,80 @@ class Admission:
     ) -> Ready: ...
 
 @final
+class BudgetAnswer:
+    """A fleet-wide budget's answer for one turn (opaque; see ``admitgate._budget``)."""
+
+@final
+class RateLimit:
+    """A budget: at most ``requests`` turns and ``tokens`` tokens per identity per window.
+
+    A limit is ``"N/s"``, ``"N/min"``, ``"N/h"`` or ``"N/day"``, or a tuple ``(N, seconds)``;
+    ``requests`` and ``tokens`` may each be a list (``["60/min", "1000/day"]``); at least one
+    is needed. ``"N/T"`` means at most N in any half-open interval of length T, per identity
+    (an exact sliding log); ``burst`` (an int >= 1, local only) trades that for GCRA: ``burst``
+    at once, then one every ``T/N``, at most ``N + burst - 1`` in any window.
+
+    ``key`` is a callable of the turn's ``session_id`` returning its identity (str or bytes);
+    ``None``: the ``session_id``. ``admit(identity=...)`` overrides both. Identities are hashed
+    before they are stored; no stat or metric is per identity.
+
+    ``fleet`` is ``None`` (decided in this process, in Rust), a Redis URL or a
+    :class:`FleetLimit` whose connection it then shares: one Lua call per decision, by
+    Redis's clock, exact across replicas. ``on_backend_error`` is what a fleet-wide limit
+    does while Redis is down: ``"local"`` (this replica's own budget: at most R x N per
+    identity per window across R replicas), ``"reject"`` (``fleet_unavailable``) or
+    ``"allow"`` (no limit). ``name`` namespaces its Redis keys and labels its stats and
+    metrics. ``on_limit``: ``"reject"`` (``rate_limited``, with the exact retry time) or
+    ``"wait"`` (until the budget allows, within the turn's queue timeout and deadline).
+    """
+
+    def __new__(
+        cls,
+        requests: str | tuple[int, float] | Sequence[str | tuple[int, float]] | None = None,
+        tokens: str | tuple[int, float] | Sequence[str | tuple[int, float]] | None = None,
+        key: Callable[[str], str | bytes] | None = None,
+        fleet: str | FleetLimit | None = None,
+        on_limit: Literal["reject", "wait"] = "reject",
+        name: str = "default",
+        on_backend_error: Literal["local", "reject", "allow"] = "local",
+        burst: int | None = None,
+    ) -> RateLimit: ...
+    @property
+    def requests(self) -> list[str]:
+        """The request limits, as given."""
+    @property
+    def tokens(self) -> list[str]:
+        """The token limits, as given."""
+    @property
+    def key(self) -> Callable[[str], str | bytes] | None:
+        """The key callable, or ``None`` (the session id)."""
+    @property
+    def fleet(self) -> str | FleetLimit | None:
+        """``None`` (local), the shared :class:`FleetLimit`, or the Redis URL with its
+        password redacted."""
+    @property
+    def on_limit(self) -> str:
+        """``"reject"`` or ``"wait"``."""
+    @property
+    def name(self) -> str:
+        """The name: its keys' namespace, its label in stats and metrics."""
+    @property
+    def on_backend_error(self) -> str:
+        """``"local"``, ``"reject"`` or ``"allow"``."""
+    @property
+    def burst(self) -> int | None:
+        """The GCRA burst, or ``None`` (exact sliding windows)."""
+    def stats(self) -> dict[str, int]:
+        """This process's counters: ``allowed``, ``limited``, ``waited``, ``unavailable``,
+        ``tokens_reserved``, ``settled``, ``tokens_settled``, ``returned``,
+        ``tokens_returned``, ``keys`` (plus ``fleet_decisions``, ``known_refusals``,
+        ``offline_decisions``, ``settles_lost`` for a fleet-wide limit). No per-identity
+        numbers."""
+
+@final
 class Entered:
-    """An already finished awaitable whose result is the admission (a turn of a gate with
-    overload control that runs at once)."""
+    """An already finished awaitable whose result is the admission (a turn that runs at
+    once)."""
 
     def __await__(self) -> Generator[Any, Any, Admission]: ...
     def __next__(self) -> Any: ...
@@ -786,6 +892,8 @@ def serve_broker(
     queue_timeout: float | None = None,
     max_in_flight_per_tenant: int | None = None,
     tenant_from: str | None = None,
+    rate_limit: str | None = None,
+    rate_key: str | None = None,
     gate_methods: Literal["work", "all"] | None = None,
     path_prefix: str | None = None,
     jsonrpc_path: str | None = None,

@@ -40,6 +40,7 @@ def build_admission_gate(
     default_priority: Any = None,
     fairness: Any = None,
     tenant_weights: Any = None,
+    rate_limit: Any = None,
 ) -> AdmissionGate | None:
     """Build an :class:`AdmissionGate` from configuration, or return ``None``.
 
@@ -60,7 +61,9 @@ def build_admission_gate(
     ``None``), ``fairness="tenant"`` shares each class's turns fairly across tenants (on by
     default with classes; ``"none"`` turns it off) and ``tenant_weights`` weighs tenants'
     shares (see ``docs/priorities.md``); with ``priorities`` the gate is built even without
-    a ceiling, so its classes are counted.
+    a ceiling, so its classes are counted. ``rate_limit`` (an :class:`admitgate.RateLimit`
+    or a list of them) is checked before a turn's slot: with nothing else it returns a gate
+    that enforces only the budget (see ``docs/budgets.md``).
     """
     if policy is None:
         candidate = ConcurrencyLimitPolicy(
@@ -81,8 +84,8 @@ def build_admission_gate(
             and adaptive is None
             and not ordered
         ):
-            if resource_policy is not None:
-                return AdmissionGate(None, resource_policy=resource_policy)
+            if resource_policy is not None or rate_limit is not None:
+                return AdmissionGate(None, resource_policy=resource_policy, rate_limit=rate_limit)
             return None
         policy = candidate
     return AdmissionGate(
@@ -95,4 +98,5 @@ def build_admission_gate(
         default_priority=default_priority,
         fairness=fairness,
         tenant_weights=tenant_weights,
+        rate_limit=rate_limit,
     )

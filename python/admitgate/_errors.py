@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 DEFAULT_BUSY_MESSAGE = "Busy right now \u2014 please resend in a moment."
 
 #: Every reason a turn can be refused for, with the HTTP status and gRPC status code name a
 #: front door answers it with. ``queue_full``, ``policy``, ``memory_pressure``, ``closing``,
 #: ``timeout``, ``fleet_unavailable`` and ``deadline`` count in the gate's ``rejected``;
-#: ``shed`` counts in ``shed``. ``deadline`` answers 504 / DEADLINE_EXCEEDED: the caller's own
+#: ``shed`` counts in ``shed``; ``rate_limited`` (a budget, ``rate_limit=``, refused the turn
+#: before it reached the gate) counts in ``stats()["rate_limits"][name]["limited"]``. ``deadline`` answers 504 / DEADLINE_EXCEEDED: the caller's own
 #: deadline (``admit(deadline_s=...)``) cannot be met, which is not a reason to retry sooner.
 REJECTION_REASONS: dict[str, tuple[int, str]] = {
     "queue_full": (429, "RESOURCE_EXHAUSTED"),
@@ -18,6 +21,7 @@ REJECTION_REASONS: dict[str, tuple[int, str]] = {
     "timeout": (429, "RESOURCE_EXHAUSTED"),
     "fleet_unavailable": (503, "UNAVAILABLE"),
     "deadline": (504, "DEADLINE_EXCEEDED"),
+    "rate_limited": (429, "RESOURCE_EXHAUSTED"),
 }
 
 
@@ -38,6 +42,7 @@ class AdmissionRejected(Exception):
     ``timeout``           ``rejected`` 429    RESOURCE_EXHAUSTED
     ``fleet_unavailable`` ``rejected`` 503    UNAVAILABLE
     ``deadline``          ``rejected`` 504    DEADLINE_EXCEEDED
+    ``rate_limited``      ``limited``  429    RESOURCE_EXHAUSTED
     ===================== ============ ====== ==================
 
     ``queue_full``: the queue the turn would join was full; ``shed``: evicted from the queue
@@ -47,12 +52,18 @@ class AdmissionRejected(Exception):
     ``queue_discipline="adaptive"``, longer than a standing queue's cap);
     ``fleet_unavailable``: the fleet limit's backend is down and the gate is set to refuse;
     ``deadline``: the caller's deadline (``admit(deadline_s=...)``) passed while it waited,
-    or less of it was left than a turn typically takes, so it would not have finished.
+    or less of it was left than a turn typically takes, so it would not have finished;
+    ``rate_limited``: a budget (``rate_limit=``) has no room for the turn's identity, counted
+    in its ``limited`` (``stats()["rate_limits"]``), never in the gate's counters: the turn
+    was refused before it reached the gate.
 
     ``retry_after`` is the gate's hint, in seconds, of when trying again may succeed: for
     capacity reasons ``(turns ahead + 1) / recent release rate`` clamped to 1..30 s (the rate
     is measured over the last 10 s); a fixed 5 s for ``memory_pressure``; ``None`` for
-    ``policy`` and when raised by user code. The front doors send it as ``Retry-After``
+    ``policy`` and when raised by user code. For ``rate_limited`` it is exact: the time at
+    which the same turn fits the budget (if nothing else is admitted for that identity
+    first), ``None`` if it never fits (its ``cost`` is more than a whole window of tokens);
+    ``retry_after_s`` is the same value. The front doors send it as ``Retry-After``
     (whole seconds, rounded up) and ``grpc-retry-pushback-ms``.
 
     ``priority`` names the refused turn's priority class on a gate built with
@@ -73,3 +84,14 @@ class AdmissionRejected(Exception):
         self.reason = reason
         self.retry_after = retry_after
         self.priority = priority
+
+    #: For ``rate_limited``: the :class:`admitgate.RateLimit` that refused the turn, and the
+    #: index of its rate that did (its ``requests`` rates first, then its ``tokens``); what
+    #: a front door names in its ``RateLimit`` field. ``None`` for every other reason.
+    rate_limit: Any = None
+    rate_limit_index: int | None = None
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """``retry_after``, in seconds (exact for ``rate_limited``)."""
+        return self.retry_after

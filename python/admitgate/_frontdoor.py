@@ -74,6 +74,11 @@ class RequestSlot:
         if self._request_share or self._work_share:
             self._admission.report_throttled(retry_after_s)
 
+    def report_usage(self, tokens: int) -> None:
+        """The agent reported the tokens this request's turn used (``turn.report_usage``)."""
+        if self._request_share or self._work_share:
+            self._admission.report_usage(tokens=tokens)
+
     async def end_request(self) -> None:
         """Give back the request's share (idempotent)."""
         if self._request_share:

@@ -131,6 +131,14 @@ from ._frontdoor import (
     throttle_hint,
     whole_seconds,
 )
+from ._rate_limit_door import (
+    USAGE_HEADER,
+    RateKey,
+    admit_budget_kwargs,
+    check_cost,
+    parse_usage,
+    refusal_fields,
+)
 
 __all__ = [
     "ERROR_DOMAIN",
@@ -297,6 +305,18 @@ def _take_throttle_header(message: Message, slot: RequestSlot) -> Message:
     return message
 
 
+def _strip_usage(headers: Any) -> tuple[list[Any], bytes | None]:
+    """``headers`` without the usage report, and its value (the last one given, if any)."""
+    value = None
+    kept = []
+    for name, v in headers:
+        if name.lower() == USAGE_HEADER:
+            value = v if value is None else b"x"  # given twice: malformed
+        else:
+            kept.append((name, v))
+    return kept, value
+
+
 def _check_retry_after(retry_after: object) -> float | None:
     if retry_after is None:
         return None
@@ -351,11 +371,23 @@ class AdmissionMiddleware:
             kept unaware (its sends discarded, the slot held) while it still answers; then it
             is told (``http.disconnect``) and the slot freed. ``0``: told at once, the slot
             freed as the client leaves.
+        rate_key: for a gate with ``rate_limit=``: whose budget a gated request spends, the
+            first source it carries of ``header:NAME`` and ``tenant`` (``session_id``'s
+            tenant), joined by ``|``, e.g. ``"header:x-api-key|header:authorization"``; a
+            request with none spends one anonymous budget. Passed as ``gate.admit(identity=)``,
+            hashed by the gate, never logged. ``None``: the gate's own key (the tenant).
+            A ``rate_limited`` refusal carries ``RateLimit-Policy`` and ``RateLimit``
+            (draft-ietf-httpapi-ratelimit-headers-11).
+        cost: the tokens each gated request reserves (``gate.admit(cost=)``), settled to the
+            app's usage report: an ``admitgate-usage-tokens`` response header (or trailer),
+            which is removed before the client (a malformed one is ignored, counted in
+            :attr:`usage_reports`, and removed too).
 
     Raises:
         TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
-        ValueError: a path, ``gate_methods``, ``retry_after``, ``max_peek_bytes`` or
-            ``abandoned_response_timeout`` is out of range.
+        ValueError: a path, ``gate_methods``, ``retry_after``, ``max_peek_bytes``,
+            ``abandoned_response_timeout``, ``rate_key`` or ``cost``
+            is out of range.
     """
 
     def __init__(
@@ -370,6 +402,8 @@ class AdmissionMiddleware:
         retry_after: float | None = None,
         max_peek_bytes: int = 65536,
         abandoned_response_timeout: float = 60.0,
+        rate_key: str | None = None,
+        cost: int = 0,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (a callable), got {app!r}")
@@ -416,6 +450,16 @@ class AdmissionMiddleware:
                 f"got {abandoned_response_timeout!r}"
             )
         self.abandoned_response_timeout = float(abandoned_response_timeout)
+        self.rate_key = None if rate_key is None else RateKey(rate_key)
+        if self.rate_key is not None and self.rate_key.uses_tenant and session_id is None:
+            raise ValueError(
+                f"rate_key={rate_key!r} reads the tenant: it needs session_id (the tenant)"
+            )
+        self.cost = check_cost(cost)
+        self.usage_reports = {"reported": 0, "malformed": 0}
+        """Usage reports (``admitgate-usage-tokens``) seen in responses: ``reported`` (handed
+        to the turn, or to nothing on a request that holds no slot) and ``malformed``
+        (ignored); every one is removed before the client."""
         self._gate_all = gate_methods == "all"
         self._rules = sdk_rules(
             prefix, jsonrpc_path, gate_all=self._gate_all, max_peek_bytes=max_peek_bytes
@@ -448,7 +492,7 @@ class AdmissionMiddleware:
 
             async def timed_send(message: Message) -> None:
                 nonlocal end
-                await send(message)
+                await send(self._take_usage(message, None))
                 if message["type"] == "http.response.body" and not message.get("more_body"):
                     end = perf_counter()
 
@@ -492,7 +536,7 @@ class AdmissionMiddleware:
 
                 async def timed_send(message: Message) -> None:
                     nonlocal end
-                    await send(message)
+                    await send(self._take_usage(message, None))
                     if message["type"] == "http.response.body" and not message.get("more_body"):
                         end = perf_counter()
 
@@ -502,10 +546,16 @@ class AdmissionMiddleware:
             session = (
                 "" if self.session_id is None else checked_session(self.session_id(scope), "scope")
             )
+            rate_key = self.rate_key
             admission = self.gate.admit(
                 session_id=session,
                 transport=transport,
                 deadline_s=header_deadline_s(scope["headers"]),
+                **admit_budget_kwargs(
+                    rate_key,
+                    self.cost,
+                    lambda: rate_key.identity_of_headers(scope["headers"], session),  # type: ignore[union-attr]
+                ),
             )
             try:
                 entry = admission.__aenter__()
@@ -563,16 +613,29 @@ class AdmissionMiddleware:
 
             status = 0
 
+            trailers = False
+
             async def gated_send(message: Message) -> None:
-                nonlocal end, status
+                nonlocal end, status, trailers
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                    trailers = bool(message.get("trailers"))
                     message = _take_throttle_header(message, request_slot)
+                message = self._take_usage(message, request_slot)
                 try:
                     if not client_left:
                         await send(message)
                 finally:
-                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                    # A response that announced trailers ends with its last trailers (they may
+                    # carry the usage report), else with its last body chunk.
+                    if (
+                        message["type"] == "http.response.trailers"
+                        and not message.get("more_trailers")
+                    ) or (
+                        not trailers
+                        and message["type"] == "http.response.body"
+                        and not message.get("more_body")
+                    ):
                         response_ended.set()
                         end = perf_counter()
                         # An error answer's slot is held until the app returns: a framework
@@ -594,6 +657,25 @@ class AdmissionMiddleware:
             if slot is not None:
                 await slot.end_request()
             self.gate.record_request(transport, (end or perf_counter()) - start)
+
+    def _take_usage(self, message: Message, slot: RequestSlot | None) -> Message:
+        """``message`` without the agent's usage report (a response header or trailer), which
+        is reported to ``slot``'s turn; malformed, it is ignored and counted."""
+        kind = message["type"]
+        if kind != "http.response.start" and kind != "http.response.trailers":
+            return message
+        headers = message.get("headers") or ()
+        if not any(name.lower() == USAGE_HEADER for name, _ in headers):
+            return message
+        kept, value = _strip_usage(headers)
+        tokens = None if value is None else parse_usage(value)
+        if tokens is None:
+            self.usage_reports["malformed"] += 1
+        else:
+            self.usage_reports["reported"] += 1
+            if slot is not None:
+                slot.report_usage(tokens)
+        return {**message, "headers": kept}
 
     async def _refuse(
         self, send: Send, transport: str, exc: AdmissionRejected, rpc_id: object
@@ -639,5 +721,6 @@ class AdmissionMiddleware:
         ]
         if seconds is not None:
             headers.append((b"retry-after", str(seconds).encode()))
+        headers += refusal_fields(exc, seconds)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

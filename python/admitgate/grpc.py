@@ -50,6 +50,7 @@ from ._frontdoor import (
     throttle_hint,
     whole_ms,
 )
+from ._rate_limit_door import USAGE_KEY, RateKey, admit_budget_kwargs, check_cost, parse_usage
 
 try:  # google.rpc ships with googleapis-common-protos (a dependency of a2a-sdk and grpcio-status)
     from google.protobuf import any_pb2, duration_pb2  # type: ignore[import-untyped]
@@ -192,6 +193,17 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     refusal; default: the gate's own hint (``AdmissionRejected.retry_after``), and no
     pushback trailer when it has none (reason ``policy``).
 
+    For a gate with ``rate_limit=``: ``rate_key`` says whose budget a gated call spends, the
+    first source it carries of ``metadata:KEY`` (request metadata, first value) and
+    ``tenant`` (``session_id``'s tenant), joined by ``|``, e.g.
+    ``"metadata:x-api-key|metadata:authorization"``; a call with none spends one anonymous
+    budget (passed as ``gate.admit(identity=)``, hashed by the gate, never logged; ``None``:
+    the gate's own key). A ``rate_limited`` refusal is ``RESOURCE_EXHAUSTED`` with the exact
+    retry time in ``grpc-retry-pushback-ms``. ``cost`` is the tokens each gated call reserves
+    (``gate.admit(cost=)``), settled to the servicer's ``admitgate-usage-tokens`` trailing
+    metadata, which is removed before the client (a malformed value is ignored, counted in
+    :attr:`usage_reports`, and removed too).
+
     A gated call holds its slot until it ends: a unary call until its response is ready, a
     streaming call until its handler has sent its last message or failed. A slot is freed
     only when the agent's work for the call has ended: a streaming call the client cancels
@@ -219,6 +231,8 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         session_id: SessionId | None = None,
         retry_after: float | None = None,
         abandoned_response_timeout: float = 60.0,
+        rate_key: str | None = None,
+        cost: int = 0,
     ) -> None:
         check_gate(gate)
         if gate_methods not in GATE_METHODS:
@@ -241,6 +255,16 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         self._gate_all = gate_methods == "all"
         self._session_id = session_id
         self._retry_after = fixed_retry_after
+        self._rate_key = None if rate_key is None else RateKey(rate_key)
+        if self._rate_key is not None and self._rate_key.uses_tenant and session_id is None:
+            raise ValueError(
+                f"rate_key={rate_key!r} reads the tenant: it needs session_id (the tenant)"
+            )
+        self._cost = check_cost(cost)
+        #: Usage reports (``admitgate-usage-tokens`` trailing metadata) seen: ``reported``
+        #: (handed to the call's turn) and ``malformed`` (ignored); every one is removed
+        #: before the client.
+        self.usage_reports = {"reported": 0, "malformed": 0}
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     @property
@@ -311,6 +335,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                     finally:
                         _reset(token)
                         _take_throttle_trailer(context, slot)
+                        self._take_usage_trailer(context, slot)
                         await slot.end_request()
                 finally:
                     self._gate.record_request(TRANSPORT, time.perf_counter() - started)
@@ -332,6 +357,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     _reset(token)
                     _take_throttle_trailer(context, slot)
+                    self._take_usage_trailer(context, slot)
                     await slot.end_request()
             finally:
                 self._gate.record_request(TRANSPORT, time.perf_counter() - started)
@@ -344,12 +370,21 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         The slot is shared with a :class:`admitgate.a2a.GatedAgentExecutor` on the same gate
         that runs this call's work, so that work never takes a second slot."""
         session = ""
+        metadata = context.invocation_metadata() or ()
         if self._session_id is not None:
-            details = _CallDetails(method, context.invocation_metadata() or ())
+            details = _CallDetails(method, metadata)
             session = checked_session(self._session_id(details), "handler_call_details")
+        rate_key = self._rate_key
         # The call's gRPC deadline is the caller's: a turn that cannot finish in it is refused.
         admission = self._gate.admit(
-            session_id=session, transport=TRANSPORT, deadline_s=context.time_remaining()
+            session_id=session,
+            transport=TRANSPORT,
+            deadline_s=context.time_remaining(),
+            **admit_budget_kwargs(
+                rate_key,
+                self._cost,
+                lambda: rate_key.identity_of_metadata(metadata, session),  # type: ignore[union-attr]
+            ),
         )
         try:
             await admission.__aenter__()
@@ -369,6 +404,24 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if _RICH_STATUS:
             trailers.append(("grpc-status-details-bin", _status_details(code, exc.message, answer)))
         await context.abort(code, exc.message, trailing_metadata=tuple(trailers))
+
+    def _take_usage_trailer(
+        self, context: grpc.aio.ServicerContext[Any, Any], slot: RequestSlot
+    ) -> None:
+        """Report the servicer's ``admitgate-usage-tokens`` trailing metadata to ``slot``'s
+        turn and remove it (it is for the front door, not the client); a malformed value is
+        ignored, counted, and removed too."""
+        trailers = context.trailing_metadata() or ()
+        values = [value for key, value in trailers if key == USAGE_KEY]
+        if not values:
+            return
+        tokens = parse_usage(values[0]) if len(values) == 1 else None
+        if tokens is None:
+            self.usage_reports["malformed"] += 1
+        else:
+            self.usage_reports["reported"] += 1
+            slot.report_usage(tokens)
+        context.set_trailing_metadata(tuple((k, v) for k, v in trailers if k != USAGE_KEY))
 
     # -- passthrough -------------------------------------------------------------------------
 

@@ -22,6 +22,10 @@ broker documents are exactly ``broker_inflight_requests{transport}`` and
 | ``<prefix>_limit`` | gauge | | the cap that bounds the agent (0: none) |
 | ``<prefix>_saturated`` | gauge | | 1 while in flight is at that cap |
 | ``<prefix>_fleet_*`` | gauge / counter | | fleet figures, when the gate has a fleet limit |
+| ``<prefix>_rate_limit_*`` | counter / gauge | ``limit`` | budget figures per ``RateLimit`` (``RATE_LIMIT_METRICS``), when the gate has ``rate_limit=`` |
+
+A turn a budget refuses counts in ``<prefix>_rejected_total{reason="rate_limited"}`` too. No
+series is per identity.
 
 With ``name=`` every series also carries ``gate="<name>"``; several gates may then share one
 registry and prefix (one collector serves them all, so each metric family appears once).
@@ -45,7 +49,7 @@ from prometheus_client.utils import floatToGoString
 
 from ._frontdoor import check_gate
 
-__all__ = ["FLEET_METRICS", "GateCollector", "register", "unregister"]
+__all__ = ["FLEET_METRICS", "RATE_LIMIT_METRICS", "GateCollector", "register", "unregister"]
 
 _PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MAX_PREFIX = 64
@@ -68,6 +72,28 @@ FLEET_METRICS: Mapping[str, tuple[str, str]] = {
         "counter",
         "Fleet backend failovers followed by this replica (a new primary named by Sentinel).",
     ),
+}
+
+
+#: ``stats()["rate_limits"][name]`` keys, exported as ``<prefix>_rate_limit_<key>`` with the
+#: label ``limit="<name>"``: key -> (``"gauge"`` or ``"counter"``, help text).
+RATE_LIMIT_METRICS: Mapping[str, tuple[str, str]] = {
+    "allowed": ("counter", "Turns a budget (rate_limit=) allowed."),
+    "limited": ("counter", "Turns a budget refused (rate_limited), after any wait."),
+    "waited": ("counter", "Turns that waited for a budget (on_limit='wait')."),
+    "unavailable": (
+        "counter",
+        "Turns refused because a fleet-wide budget's Redis was down (on_backend_error='reject').",
+    ),
+    "tokens_reserved": ("counter", "Token estimates (cost=) reserved by allowed turns."),
+    "settled": ("counter", "Reservations settled to a reported usage (report_usage)."),
+    "tokens_settled": ("counter", "Tokens reported used by settled turns."),
+    "returned": (
+        "counter",
+        "Reservations given back whole: the turn was refused or cancelled before it ran.",
+    ),
+    "tokens_returned": ("counter", "Tokens those reservations held."),
+    "keys": ("gauge", "Identities this process's budget holds in memory now."),
 }
 
 
@@ -200,6 +226,14 @@ class _Families:
                 self.fleet[key] = CounterMetricFamily(f"{p}_{key}_total", text, labels=list(base))
             else:
                 self.fleet[key] = GaugeMetricFamily(f"{p}_{key}", text, labels=list(base))
+        self.rate_limit: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        by_limit = [*base, "limit"]
+        for key, (kind, text) in RATE_LIMIT_METRICS.items():
+            name = f"{p}_rate_limit_{key}"
+            if kind == "counter":
+                self.rate_limit[key] = CounterMetricFamily(f"{name}_total", text, labels=by_limit)
+            else:
+                self.rate_limit[key] = GaugeMetricFamily(name, text, labels=by_limit)
 
     def all(self) -> Iterator[Metric]:
         yield from (
@@ -214,10 +248,11 @@ class _Families:
             self.saturated,
         )
         yield from self.fleet.values()
+        yield from self.rate_limit.values()
 
     def present(self) -> Iterator[Metric]:
-        """Every family, except fleet families no gate reported."""
-        fleet = {id(family) for family in self.fleet.values()}
+        """Every family, except fleet and budget families no gate reported."""
+        fleet = {id(family) for family in (*self.fleet.values(), *self.rate_limit.values())}
         for family in self.all():
             if id(family) not in fleet or family.samples:
                 yield family
@@ -251,6 +286,9 @@ class _Families:
         for key, family in self.fleet.items():
             if key in stats:
                 family.add_metric(base, float(stats[key]))
+        for limit, figures in sorted(stats.get("rate_limits", {}).items()):
+            for key, family in self.rate_limit.items():
+                family.add_metric([*base, limit], float(figures[key]))
 
 
 def _buckets(cumulative: Any) -> list[tuple[str, float]]:

@@ -33,6 +33,7 @@ use super::wake::{Core, PyWaker};
 use admitgate_core::overload::Outcome;
 use admitgate_core::transport::TransportId;
 use admitgate_core::{ClassId, Registered, Rejection, WaiterKey};
+use admitgate_passage::budget::{BudgetHolds, BudgetTurn};
 
 /// One turn's passage through the gate: the context manager `gate.admit()` returns (its
 /// Python methods are in `enter`).
@@ -50,9 +51,18 @@ pub struct Admission {
     /// Whether the turn had to wait in the queue (set once it is admitted after waiting).
     pub waited: AtomicBool,
     /// `deadline_s`, as a deadline on the binding's clock.
-    deadline_at: Option<Duration>,
+    pub(super) deadline_at: Option<Duration>,
     /// What `report_throttled` / `report_remaining` told about the provider call.
     pub(super) report: Mutex<ProviderReport>,
+    /// `cost=`: the token estimate the turn reserves in its budgets.
+    pub(super) cost: u64,
+    /// `identity=`: the turn's key in every budget, instead of `key(session_id)`.
+    pub(super) identity: Option<Arc<[u8]>>,
+    /// Where the turn is with its budgets (`rate_limit=`).
+    pub(super) budget: Mutex<BudgetState>,
+    /// When the turn began (its budget step, then its arrival), on the binding's clock: the
+    /// queue timeout bounds the budget's wait and the queue's together.
+    pub(super) began_at: Mutex<Option<Duration>>,
 }
 
 /// What a turn reported about its provider call.
@@ -62,6 +72,22 @@ pub(super) struct ProviderReport {
     pub(super) throttled: Option<Option<Duration>>,
     /// `x-ratelimit-remaining-requests`.
     pub(super) remaining: Option<u64>,
+}
+
+/// Where a turn is with its budgets.
+#[derive(Default)]
+pub enum BudgetState {
+    /// No budget (or not yet asked).
+    #[default]
+    None,
+    /// Deciding: waiting for a retry time or for Redis.
+    Stepping(BudgetTurn),
+    /// Admitted by its budgets; not yet running (given back if it is refused or cancelled).
+    Held(BudgetHolds),
+    /// It ran: the estimates stay spent unless it reports its usage.
+    Running(BudgetHolds),
+    /// Settled, given back, or refused.
+    Done,
 }
 
 /// What `gate.admit()` / `gate.admit_sync()` were asked for.
@@ -74,6 +100,10 @@ pub struct AdmitArgs {
     pub deadline: Option<Duration>,
     /// `priority=`, resolved to its class.
     pub class: ClassId,
+    /// `cost=`.
+    pub cost: u64,
+    /// `identity=`.
+    pub identity: Option<Arc<[u8]>>,
 }
 
 /// How an arrival turned out, for the async and the blocking entry alike.
@@ -100,6 +130,10 @@ impl Admission {
             waited: AtomicBool::new(false),
             deadline_at: args.deadline,
             report: Mutex::new(ProviderReport::default()),
+            cost: args.cost,
+            identity: args.identity,
+            budget: Mutex::new(BudgetState::None),
+            began_at: Mutex::new(None),
         }
     }
 
@@ -108,9 +142,45 @@ impl Admission {
         &self.gate
     }
 
+    /// The front door the turn came through.
+    pub(super) fn transport(&self) -> TransportId {
+        self.turn.lock().transport()
+    }
+
+    /// The turn ran: its budgets keep its estimates unless it reports its usage.
+    pub(super) fn budget_ran(&self) {
+        let mut state = self.budget.lock();
+        if let BudgetState::Held(_) = &*state {
+            if let BudgetState::Held(holds) = std::mem::take(&mut *state) {
+                *state = BudgetState::Running(holds);
+            }
+        }
+    }
+
+    /// The turn will not run (refused, cancelled, abandoned): its budgets get back whatever
+    /// it reserved.
+    pub(super) fn give_back_budget(&self) {
+        let state = {
+            let mut state = self.budget.lock();
+            match &*state {
+                BudgetState::Held(_) | BudgetState::Stepping(_) => {
+                    std::mem::replace(&mut *state, BudgetState::Done)
+                }
+                _ => return,
+            }
+        };
+        match state {
+            BudgetState::Held(holds) => holds.cancel(),
+            // Dropping the step gives back what it holds.
+            other => drop(other),
+        }
+    }
+
     /// The exception this turn raises when refused for `reason`: it names the turn's
     /// priority class on a gate that has classes.
     pub fn refusal(&self, py: Python<'_>, reason: Rejection, retry: Option<Duration>) -> PyErr {
+        // Refused before it ran: its budgets get back what it reserved.
+        self.give_back_budget();
         let class = self.turn.lock().class();
         let name = self.gate.get().classes().name(class);
         rejection_in(py, reason, retry, name.as_deref())
@@ -176,6 +246,7 @@ impl Admission {
         };
         wakes.run();
         core.after_release(py);
+        self.give_back_budget();
         true
     }
 
@@ -196,6 +267,7 @@ impl Admission {
         let this = admission.get();
         let core = this.core();
         let var = human_wait_scope(py);
+        this.budget_ran();
         let (held, wakes) = this.turn.lock().start(&**core, var.is_some(), now);
         if !wakes.is_empty() {
             wakes.run(); // only a timed turn's start can wake anyone
@@ -245,6 +317,7 @@ impl Admission {
         let this = admission.get();
         let core = this.core();
         let ended = this.turn.lock().lease_ended(&**core, reason, now);
+        this.give_back_budget();
         let (retry, wakes) = ended?;
         wakes.run();
         core.after_release(py);
@@ -298,7 +371,15 @@ impl Admission {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        timeout.and_then(deadline_after)
+        timeout.and_then(|t| self.timeout_at(t))
+    }
+
+    /// The end of a wait of `timeout`, counted from when the turn began (its budget step).
+    pub(super) fn timeout_at(&self, timeout: Duration) -> Option<Duration> {
+        match *self.began_at.lock() {
+            Some(began) => began.checked_add(timeout),
+            None => deadline_after(timeout),
+        }
     }
 
     /// Arrives at the gate: runs now (or waits for its lease), waits in the queue, or is
@@ -321,6 +402,7 @@ impl Admission {
             // this turn: it must arrive like any other. (One after it adopts the turn.)
             if !gate.is_enabled(py) {
                 this.turn.lock().pass_through(&**core, ticket);
+                this.budget_ran();
                 return Ok(Entry::Running);
             }
             core.end_pass_through(ticket, None).run();
@@ -371,7 +453,7 @@ impl Admission {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                let timed_out = timeout.and_then(deadline_after);
+                let timed_out = timeout.and_then(|t| this.timeout_at(t));
                 let until = this
                     .turn
                     .lock()
@@ -454,6 +536,9 @@ impl Drop for Admission {
         // A turn abandoned without __aexit__ (its coroutine was never finished) still
         // returns its slot exactly once. A panic must not unwind out of a destructor the
         // interpreter calls, so it is contained and reported as unraisable.
+        // Never ran: what it reserved in its budgets goes back (a turn that ran keeps its
+        // estimate unless it reported its usage).
+        self.give_back_budget();
         let mut turn = self.turn.get_mut().take();
         if !turn.holds_anything() {
             return;

@@ -154,8 +154,8 @@ impl Wait {
                 Claimed::Granted => {
                     self.finish(py);
                     Admission::enter(admission)?;
-                    if self.core.times_turns() && !self.lease_follows {
-                        // An adaptive gate's turn is handed to `as turn`.
+                    if !self.lease_follows {
+                        // `async with gate.admit() as turn` yields the turn on every gate.
                         return Err(PyStopIteration::new_err((admission.clone().unbind(),)));
                     }
                     return Ok(None);

@@ -19,6 +19,7 @@ use super::args;
 use super::awaitable::ready;
 use super::awaitables::Wait;
 use super::blocking::BlockingWait;
+use super::budget_step::BudgetAnswer;
 use super::errors::guard;
 use super::fleet::{acquire_blocking, lease_scope, Blocked, FleetRuntime, PyFleetLimit};
 use super::lease_wait::LeaseWait;
@@ -38,17 +39,32 @@ impl Admission {
     /// `__aenter__`: the shared finished awaitable for a turn that runs now, a [`Wait`] for
     /// one that queues, a [`LeaseWait`] with a fleet limit.
     fn enter_async(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        // The budgets first: a turn they refuse never takes a slot or a lease.
+        if let Some(waits) = Self::budget_enter_async(slf)? {
+            return Ok(waits);
+        }
+        Self::enter_gate(slf)
+    }
+
+    /// The gate's part of `__aenter__`, after the budgets: what is awaited for the slot (and
+    /// the lease). Refused, or failing, the turn's budget holds go back.
+    fn enter_gate(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let entered = Self::enter_slot(slf);
+        if entered.is_err() {
+            slf.get().give_back_budget();
+        }
+        entered
+    }
+
+    fn enter_slot(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let this = slf.get();
         let gate = this.gate().get();
         let fleet = gate.fleet();
         match Self::arrive(slf)? {
             Entry::Running => match fleet {
-                // An adaptive gate's turn is handed to `as turn`, to report throttles.
-                None if gate.core.times_turns() => {
-                    Ok(Py::new(py, Entered::new(slf.clone().into_any().unbind()))?.into_any())
-                }
-                None => ready(py),
+                // `async with gate.admit() as turn` yields the turn on every gate.
+                None => Ok(Py::new(py, Entered::new(slf.clone().into_any().unbind()))?.into_any()),
                 Some(fleet) => {
                     let wait = LeaseWait::new(
                         slf.clone().unbind(),
@@ -101,6 +117,18 @@ impl Admission {
                 "admit_sync() called on a thread that is running an event loop: waiting here would block that loop; use `async with gate.admit()` on it",
             ));
         }
+        let this = slf.get();
+        // The budgets first, on this thread: a turn they refuse never takes a slot or a lease.
+        this.budget_enter_blocking(py)?;
+        let entered = Self::enter_blocking_slot(slf);
+        if entered.is_err() {
+            this.give_back_budget();
+        }
+        entered
+    }
+
+    fn enter_blocking_slot(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
         let this = slf.get();
         let fleet = this.gate().get().fleet();
         let timeout_at = match Self::arrive(slf)? {
@@ -203,6 +231,49 @@ impl Admission {
 
     fn __aenter__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
         guard(|| Self::enter_async(slf))
+    }
+
+    /// The budget coroutine's next step (`admitgate._budget`): `None` once the budgets allow
+    /// the turn, seconds to sleep, or an awaitable of the fleet's answer; raises the refusal.
+    #[pyo3(signature = (answer=None))]
+    fn _budget_step(
+        &self,
+        py: Python<'_>,
+        answer: Option<Bound<'_, BudgetAnswer>>,
+    ) -> PyResult<Py<PyAny>> {
+        guard(|| self.budget_step_py(py, answer.as_ref()))
+    }
+
+    /// When Redis recorded this turn in its first fleet-wide budget (seconds since the epoch,
+    /// Redis's clock), or `None`: for tests that check a fleet's exactness on one clock.
+    #[getter]
+    fn _budget_server_time(&self) -> PyResult<Option<f64>> {
+        guard(|| Ok(self.budget_server_time()))
+    }
+
+    /// The budget coroutine was cancelled (or failed): what the turn reserved goes back.
+    fn _budget_abandon(&self) -> PyResult<()> {
+        guard(|| {
+            self.give_back_budget();
+            Ok(())
+        })
+    }
+
+    /// The gate's part of `__aenter__`, once the budgets allowed the turn.
+    fn _enter_gate(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        guard(|| Self::enter_gate(slf))
+    }
+
+    /// Reports the tokens this turn really used: each budget (`rate_limit=`) refunds what its
+    /// estimate (`cost=`) held beyond that, or records the excess as a debt that delays the
+    /// identity's next turns. Only the first report counts; without a budget it is ignored.
+    #[pyo3(signature = (*, tokens))]
+    fn report_usage(&self, tokens: Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let tokens = args::fact("tokens", &tokens)?;
+            self.budget_settle(tokens);
+            Ok(())
+        })
     }
 
     fn __enter__(slf: &Bound<'_, Self>) -> PyResult<Py<Self>> {

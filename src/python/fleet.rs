@@ -28,7 +28,9 @@ use pyo3::prelude::*;
 
 pub use lease::PyFleetLease;
 pub use limit::{set_gate_fleet_keys, PyFleetLimit};
-pub use runtime::start as start_fleet_runtime;
+pub use runtime::{
+    epoch as runtime_epoch, future_into_py, handle as runtime_handle, start as runtime_start,
+};
 pub use turn::{
     acquire_blocking, lease_future, lease_scope, Blocked, FleetRuntime, Interrupt, LeaseTimer,
     LeaseWaits,

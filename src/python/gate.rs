@@ -15,6 +15,7 @@ use super::adaptive::{self, PyAdaptiveLimit};
 use super::fleet::{LeaseWaits, PyFleetLimit};
 use super::policy::{decision_from, not_a_decision};
 use super::priorities::ClassNames;
+use super::rate_limit::PyRateLimit;
 use super::resources::ResourceGate;
 use super::runtime::log;
 use super::wake::Core;
@@ -59,6 +60,8 @@ pub struct PyAdmissionGate {
     pub(super) discipline: Discipline,
     /// `priorities=` and `fairness=`: the classes turns name.
     pub(super) classes: ClassNames,
+    /// `rate_limit=`: the budgets every turn passes, in order, before its slot.
+    pub(super) rate_limits: Vec<Py<PyRateLimit>>,
 }
 
 impl PyAdmissionGate {
@@ -114,6 +117,21 @@ impl PyAdmissionGate {
     /// The fleet-wide limit, if one is configured.
     pub fn fleet(&self) -> Option<&Py<PyFleetLimit>> {
         self.fleet.as_ref()
+    }
+
+    /// `rate_limit=`, in the order turns pass them.
+    pub fn rate_limits(&self) -> &[Py<PyRateLimit>] {
+        &self.rate_limits
+    }
+
+    /// The budgets of this process, for one turn (see `budget_step`).
+    pub fn budgets(&self) -> PyResult<admitgate_passage::budget::RateLimits> {
+        let limiters = self
+            .rate_limits
+            .iter()
+            .map(|limit| limit.get().limiter())
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(admitgate_passage::budget::RateLimits::new(limiters))
     }
 
     /// `deadline_s` as a deadline on the binding's clock. The first turn with a deadline

@@ -23,6 +23,7 @@ use super::human_wait::human_wait_scope;
 use super::policy::PyConcurrencyLimitPolicy;
 use super::pressure_check;
 use super::priorities::{self, ClassNames};
+use super::rate_limit::{stats_dict, PyRateLimit};
 use super::resources::ResourceGate;
 use super::runtime::{deadline_after, now, running_loop};
 use super::wake::{Core, DrainWaiter, ThreadSignal};
@@ -158,6 +159,67 @@ fn histogram_dict<'py>(py: Python<'py>, h: &HistogramSnapshot) -> PyResult<Bound
 }
 
 /// What `admit()` / `admit_sync()` were asked for, validated.
+/// `rate_limit=`: a `RateLimit`, a list (or tuple) of them, or `None`; names unique (they
+/// label the stats and metrics).
+fn rate_limits_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyRateLimit>>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let must = |v: &Bound<'_, PyAny>| {
+        PyTypeError::new_err(format!(
+            "rate_limit must be an admitgate.RateLimit, a list of them or None, got {}",
+            repr(v)
+        ))
+    };
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(one) = value.cast::<PyRateLimit>() {
+        vec![one.clone().into_any()]
+    } else if value.is_instance_of::<pyo3::types::PyList>()
+        || value.is_instance_of::<pyo3::types::PyTuple>()
+    {
+        value.try_iter()?.collect::<PyResult<_>>()?
+    } else {
+        return Err(must(value));
+    };
+    let mut limits: Vec<Py<PyRateLimit>> = Vec::with_capacity(items.len());
+    for item in items {
+        let limit = item.cast::<PyRateLimit>().map_err(|_| must(&item))?;
+        let name = limit.get().limit_name();
+        if limits.iter().any(|l| l.get().limit_name() == name) {
+            return Err(PyValueError::new_err(format!(
+                "rate_limit: two limits are named {name:?}; give each its own name= (it labels stats and metrics)"
+            )));
+        }
+        limits.push(limit.clone().unbind());
+    }
+    Ok(limits)
+}
+
+/// `cost=` (the turn's token estimate, an int >= 0) and `identity=` (a str or bytes that keys
+/// the turn in every budget, instead of `key(session_id)` or the session id).
+fn budget_args(
+    cost: Option<&Bound<'_, PyAny>>,
+    identity: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(u64, Option<Arc<[u8]>>)> {
+    let cost = match cost.filter(|c| !c.is_none()) {
+        None => 0,
+        Some(c) => {
+            let cost = args::fact("cost", c)?;
+            if cost > admitgate_budget::rate::MAX_AMOUNT {
+                return Err(PyValueError::new_err(format!(
+                    "cost must be 0 to {}, got {cost}",
+                    admitgate_budget::rate::MAX_AMOUNT
+                )));
+            }
+            cost
+        }
+    };
+    let identity = match identity.filter(|i| !i.is_none()) {
+        None => None,
+        Some(i) => Some(super::budget_step::identity_bytes("identity", i)?),
+    };
+    Ok((cost, identity))
+}
+
 fn admit_args(
     gate: &PyAdmissionGate,
     py: Python<'_>,
@@ -197,6 +259,8 @@ fn admit_args(
         timeout,
         deadline: None,
         class,
+        cost: 0,
+        identity: None,
     })
 }
 
@@ -310,14 +374,18 @@ impl PyAdmissionGate {
 #[pymethods]
 impl PyAdmissionGate {
     #[new]
-    #[pyo3(signature = (
-        policy, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None,
-        queue_discipline=None, priorities=None, default_priority=None, fairness=None,
-        tenant_weights=None
-    ))]
+    #[pyo3(
+        signature = (
+            *args, policy=None, resource_policy=None, resource_sampler=None, fleet=None,
+            adaptive=None, queue_discipline=None, priorities=None, default_priority=None,
+            fairness=None, tenant_weights=None, rate_limit=None
+        ),
+        text_signature = "(policy=None, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None, queue_discipline=None, priorities=None, default_priority=None, fairness=None, tenant_weights=None, rate_limit=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
+        args: &Bound<'_, pyo3::types::PyTuple>,
         policy: Option<Bound<'_, PyAny>>,
         resource_policy: Option<Bound<'_, PyAny>>,
         resource_sampler: Option<Bound<'_, PyAny>>,
@@ -328,8 +396,31 @@ impl PyAdmissionGate {
         default_priority: Option<Bound<'_, PyAny>>,
         fairness: Option<Bound<'_, PyAny>>,
         tenant_weights: Option<Bound<'_, PyAny>>,
+        rate_limit: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
+            // `policy` is required (None for a gate without a ceiling), as the reference's
+            // is, except for a gate that enforces only its budget: `AdmissionGate(rate_limit=...)`.
+            let policy = match (args.len(), policy) {
+                (0, None) if rate_limit.as_ref().is_none_or(|r| r.is_none()) => {
+                    return Err(PyTypeError::new_err(
+                        "AdmissionGate() missing 1 required positional argument: 'policy' (None for a gate without a ceiling; or give rate_limit=)",
+                    ))
+                }
+                (0, policy) => policy,
+                (1, None) => Some(args.get_item(0)?).filter(|p| !p.is_none()),
+                (1, Some(_)) => {
+                    return Err(PyTypeError::new_err(
+                        "AdmissionGate() got multiple values for argument 'policy'",
+                    ))
+                }
+                (n, _) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "AdmissionGate() takes 1 positional argument (policy) but {n} were given; the other options are keyword-only"
+                    )))
+                }
+            };
+            let rate_limits = rate_limits_arg(rate_limit.as_ref())?;
             let (order, classed) = priorities::order_from(
                 py,
                 priorities.as_ref(),
@@ -406,6 +497,7 @@ impl PyAdmissionGate {
                 adaptive: adaptive.map(Bound::unbind),
                 discipline,
                 classes,
+                rate_limits,
             };
             gate.set_queue_timeout(declared.queue_timeout);
             Ok(gate)
@@ -415,9 +507,10 @@ impl PyAdmissionGate {
     /// Admits (or sheds) one turn: `async with gate.admit(session_id=..., transport=...)`.
     /// Raises `AdmissionRejected` on entry when the turn is rejected or evicted while waiting.
     #[pyo3(
-        signature = (*, session_id=None, transport=None, on_queued=None, deadline_s=None, priority=None),
-        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None, priority=None)"
+        signature = (*, session_id=None, transport=None, on_queued=None, deadline_s=None, priority=None, cost=None, identity=None),
+        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None, priority=None, cost=0, identity=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         slf: &Bound<'_, Self>,
         session_id: Option<Bound<'_, PyAny>>,
@@ -425,6 +518,8 @@ impl PyAdmissionGate {
         on_queued: Option<Bound<'_, PyAny>>,
         deadline_s: Option<Bound<'_, PyAny>>,
         priority: Option<Bound<'_, PyAny>>,
+        cost: Option<Bound<'_, PyAny>>,
+        identity: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
             let mut args = admit_args(
@@ -437,6 +532,7 @@ impl PyAdmissionGate {
                 priority,
             )?;
             args.deadline = slf.get().caller_deadline(deadline_s.as_ref())?;
+            (args.cost, args.identity) = budget_args(cost.as_ref(), identity.as_ref())?;
             Ok(Admission::new(slf.clone().unbind(), args))
         })
     }
@@ -446,8 +542,8 @@ impl PyAdmissionGate {
     /// gate's `queue_timeout_s`); raises `RuntimeError` at once on a thread running an event
     /// loop.
     #[pyo3(
-        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None, deadline_s=None, priority=None),
-        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None, priority=None)"
+        signature = (*, session_id=None, transport=None, timeout=None, on_queued=None, deadline_s=None, priority=None, cost=None, identity=None),
+        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None, priority=None, cost=0, identity=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn admit_sync(
@@ -458,6 +554,8 @@ impl PyAdmissionGate {
         on_queued: Option<Bound<'_, PyAny>>,
         deadline_s: Option<Bound<'_, PyAny>>,
         priority: Option<Bound<'_, PyAny>>,
+        cost: Option<Bound<'_, PyAny>>,
+        identity: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         guard(|| {
             let timeout = match &timeout {
@@ -474,6 +572,7 @@ impl PyAdmissionGate {
                 priority,
             )?;
             args.deadline = slf.get().caller_deadline(deadline_s.as_ref())?;
+            (args.cost, args.identity) = budget_args(cost.as_ref(), identity.as_ref())?;
             Ok(Admission::new(slf.clone().unbind(), args))
         })
     }
@@ -819,6 +918,12 @@ impl PyAdmissionGate {
         guard(|| Ok(self.core.stats(now).cancelled))
     }
 
+    /// `rate_limit=`, in the order turns pass them (empty: none).
+    #[getter(rate_limits)]
+    fn rate_limits_getter(&self, py: Python<'_>) -> Vec<Py<PyRateLimit>> {
+        self.rate_limits.iter().map(|l| l.clone_ref(py)).collect()
+    }
+
     /// Admitted turns parked on a human approval, not holding a slot.
     #[getter]
     fn awaiting_human(&self) -> PyResult<u64> {
@@ -846,6 +951,15 @@ impl PyAdmissionGate {
             d.set_item("limit", s.limit)?;
             if self.classes.classed() {
                 d.set_item("classes", priorities::classes_dict(py, &classes)?)?;
+            }
+            if !self.rate_limits.is_empty() {
+                let per_limit = PyDict::new(py);
+                for limit in &self.rate_limits {
+                    let limit = limit.get();
+                    let stats = limit.current().map(|l| l.stats()).unwrap_or_default();
+                    per_limit.set_item(limit.limit_name(), stats_dict(py, &stats)?)?;
+                }
+                d.set_item("rate_limits", per_limit)?;
             }
             if let Some(fleet) = &self.fleet {
                 let fleet_stats = fleet.get().fleet_stats(py)?;
@@ -1010,6 +1124,9 @@ impl PyAdmissionGate {
         }
         if let Some(types) = &self.throttle_on {
             visit.call(types)?;
+        }
+        for limit in &self.rate_limits {
+            visit.call(limit)?;
         }
         self.resources.traverse(&visit)
     }

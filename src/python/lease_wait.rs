@@ -150,12 +150,8 @@ impl LeaseWait {
                 let limit = self.fleet.get().limit()?;
                 let held = TurnLease::new(limit, lease, Arc::new(FleetRuntime));
                 Admission::lease_granted(admission, held)?;
-                if admission.get().gate().get().core.times_turns() {
-                    // An adaptive gate's turn is handed to `as turn`, to report throttles, as
-                    // it is without a fleet.
-                    return Err(PyStopIteration::new_err((admission.clone().unbind(),)));
-                }
-                Ok(None)
+                // `async with gate.admit() as turn` yields the turn on every gate.
+                Err(PyStopIteration::new_err((admission.clone().unbind(),)))
             }
             None => {
                 Admission::lease_cancelled(admission);

@@ -18,6 +18,7 @@ mod awaitable;
 mod awaitables;
 mod blocking;
 mod broker;
+mod budget_step;
 mod classify;
 mod enter;
 mod errors;
@@ -32,6 +33,7 @@ mod policy;
 mod pressure_check;
 mod pressure_watch;
 mod priorities;
+mod rate_limit;
 mod rejection;
 mod resources;
 mod runtime;
@@ -54,6 +56,8 @@ mod _admitgate {
     #[pymodule_export]
     use super::broker::{_broker_main, _panic_in_next_broker, serve_broker};
     #[pymodule_export]
+    use super::budget_step::BudgetAnswer;
+    #[pymodule_export]
     use super::classify::{_jsonrpc_request, A2ARules};
     #[pymodule_export]
     use super::errors::InternalError;
@@ -75,6 +79,8 @@ mod _admitgate {
     use super::lease_wait::LeaseWait;
     #[pymodule_export]
     use super::policy::{PyConcurrencyLimitPolicy, PyMemoryPressurePolicy};
+    #[pymodule_export]
+    use super::rate_limit::PyRateLimit;
     #[pymodule_export]
     use super::rejection::{_rejection_class, _set_rejection_class};
     #[pymodule_export]

@@ -36,7 +36,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::errors::guard;
-use super::fleet::{start_fleet_runtime, PyFleetLimit};
+use super::fleet::{runtime_start, PyFleetLimit};
 use super::runtime::running_loop;
 
 /// What a fleet decision does when Redis cannot answer in time.
@@ -266,7 +266,7 @@ impl PyWindowLockout {
             return Ok(self.fallback(fleet, key, now));
         }
         let bound = fleet.bound(py, &protocol);
-        let handle = start_fleet_runtime()?;
+        let handle = runtime_start()?;
         let (tx, rx) = mpsc::sync_channel::<Option<FleetWindowVerdict>>(1);
         let redis_key = protocol.key(scope, identity);
         let known = fleet.known.clone();
@@ -323,7 +323,7 @@ impl PyWindowLockout {
             return Ok(None);
         }
         let bound = fleet.bound(py, &protocol);
-        let handle = start_fleet_runtime()?;
+        let handle = runtime_start()?;
         let (tx, rx) = mpsc::sync_channel::<Option<T>>(1);
         let redis_key = protocol.key(scope, identity);
         let future = call(protocol, redis_key);

@@ -29,6 +29,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::leaving::ClientSocket;
+use crate::rate_limit::{self, DoorCounters};
 
 /// Any error a forwarded body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -379,6 +380,10 @@ pub struct Held {
     /// Called once when the body ends or is dropped (the request's duration is recorded).
     on_end: Option<Box<dyn FnOnce() + Send>>,
     done: bool,
+    /// Where usage reports in the trailers are counted; whether this turn's was settled
+    /// (from the response's header) already.
+    usage: Arc<DoorCounters>,
+    usage_settled: bool,
 }
 
 /// The upstream response a [`Held`] relays, with the permit it holds.
@@ -413,7 +418,10 @@ fn millis_since(epoch: Instant) -> u64 {
 
 impl Held {
     /// `inner`, holding `permit` (if gated), running `on_end` once at its end; a gated one
-    /// is watched for a client slower than `send_timeout`.
+    /// is watched for a client slower than `send_timeout`. A usage report in its trailers
+    /// (`admitgate-usage-tokens`) is settled against the permit's turn, unless
+    /// `usage_settled`, counted in `usage`, and never passed on.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inner: Incoming,
         permit: Option<Permit>,
@@ -421,6 +429,8 @@ impl Held {
         abandoned_timeout: Duration,
         send_timeout: Duration,
         on_end: Box<dyn FnOnce() + Send>,
+        usage: Arc<DoorCounters>,
+        usage_settled: bool,
     ) -> Self {
         let gated = permit.is_some();
         let held = Self {
@@ -431,6 +441,8 @@ impl Held {
             epoch: Instant::now(),
             on_end: Some(on_end),
             done: false,
+            usage,
+            usage_settled,
         };
         if gated && !send_timeout.is_zero() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -444,6 +456,22 @@ impl Held {
             }
         }
         held
+    }
+
+    /// Trailers without the usage report, which is settled against the permit's turn (once).
+    fn settle_trailers(&mut self, frame: Frame<Bytes>) -> Frame<Bytes> {
+        let Ok(mut trailers) = frame.into_trailers() else {
+            return Frame::data(Bytes::new());
+        };
+        let usage = rate_limit::take_usage(&mut trailers);
+        let settled = !self.usage_settled
+            && lock(&self.stream)
+                .as_mut()
+                .and_then(|stream| stream.permit.as_mut())
+                .is_some_and(|permit| rate_limit::settle(permit, usage));
+        self.usage_settled |= settled;
+        self.usage.count(usage, settled);
+        Frame::trailers(trailers)
     }
 
     fn finish(&mut self) {
@@ -572,8 +600,15 @@ impl Body for Held {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                let trailers = frame.is_trailers();
+                // The agent's usage report is the broker's, never the client's.
+                let frame = if trailers {
+                    self.settle_trailers(frame)
+                } else {
+                    frame
+                };
                 // Trailers are the last frame; so is data the body says ends it.
-                if frame.is_trailers() || ends {
+                if trailers || ends {
                     self.finish();
                 } else {
                     self.handed

@@ -11,6 +11,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::rate_limit::{RateKey, RateLimitSpec};
+
 /// admitgate broker: a sidecar that gates A2A traffic in front of an agent.
 ///
 /// HTTP/1.1 and cleartext HTTP/2 on one port. A2A requests that start or continue work
@@ -61,6 +63,18 @@ pub struct Flags {
     /// /{tenant}/message:send; JSON-RPC and gRPC have none). Default: no tenant.
     #[arg(long, value_name = "SOURCE")]
     pub tenant_from: Option<String>,
+    /// Budgets per identity: `requests=60/min,tokens=100000/min` (any number of `requests=`
+    /// and `tokens=` rates, N/s, N/min, N/h or N/day; `cost=N` the tokens each gated request
+    /// reserves, default 0), exact across the fleet with --fleet. A request over it is
+    /// refused 429 `rate_limited` with Retry-After and the RateLimit fields. Default: none.
+    #[arg(long, value_name = "LIMITS")]
+    pub rate_limit: Option<String>,
+    /// Whose budget a request spends: the first present of `header:NAME` (gRPC metadata
+    /// too), `tenant` (--tenant-from), joined by `|`, e.g.
+    /// `header:x-api-key|header:authorization|tenant`; a request with none spends the
+    /// anonymous budget. Values are hashed, never logged. Default: one budget for all.
+    #[arg(long, value_name = "SOURCES")]
+    pub rate_key: Option<String>,
     /// Gate `work` (default: requests that start or continue agent work) or `all` A2A requests.
     #[arg(long, value_name = "WHICH")]
     pub gate_methods: Option<String>,
@@ -201,6 +215,8 @@ struct FileSettings {
     queue_timeout: Option<f64>,
     max_in_flight_per_tenant: Option<i64>,
     tenant_from: Option<String>,
+    rate_limit: Option<String>,
+    rate_key: Option<String>,
     gate_methods: Option<String>,
     path_prefix: Option<String>,
     jsonrpc_path: Option<String>,
@@ -271,6 +287,10 @@ pub struct Config {
     pub queue_timeout: Option<Duration>,
     pub max_in_flight_per_tenant: i64,
     pub tenant_from: TenantFrom,
+    /// `--rate-limit`, if any.
+    pub rate_limit: Option<RateLimitSpec>,
+    /// `--rate-key` (none: one budget for every request).
+    pub rate_key: RateKey,
     pub gate_all: bool,
     pub path_prefix: String,
     pub jsonrpc_path: Option<String>,
@@ -526,6 +546,13 @@ impl Config {
                 name!(tenant_from)
             ));
         }
+        let (rate_limit, rate_key) = rate_settings(
+            &name!(rate_limit),
+            pick!(rate_limit).as_deref(),
+            &name!(rate_key),
+            pick!(rate_key).as_deref(),
+            (tenant != TenantFrom::None, &name!(tenant_from)),
+        )?;
         let gate_all = match pick!(gate_methods).as_deref() {
             None | Some("work") => false,
             Some("all") => true,
@@ -624,6 +651,8 @@ impl Config {
             queue_timeout,
             max_in_flight_per_tenant: per_tenant,
             tenant_from: tenant,
+            rate_limit,
+            rate_key,
             gate_all,
             path_prefix,
             jsonrpc_path,
@@ -674,6 +703,37 @@ impl Config {
             readiness_path,
         })
     }
+}
+
+/// `--rate-limit` and `--rate-key`, checked together: a key needs a limit, and a key read
+/// from the tenant needs `--tenant-from` (`has_tenant`, named `tenant_name`).
+fn rate_settings(
+    limit_name: &str,
+    limit: Option<&str>,
+    key_name: &str,
+    key_text: Option<&str>,
+    (has_tenant, tenant_name): (bool, &str),
+) -> Result<(Option<RateLimitSpec>, RateKey), ConfigError> {
+    let spec = match limit {
+        Some(text) => Some(RateLimitSpec::parse(limit_name, text).map_err(ConfigError)?),
+        None => None,
+    };
+    let key = match key_text {
+        Some(text) => RateKey::parse(key_name, text).map_err(ConfigError)?,
+        None => RateKey::default(),
+    };
+    if spec.is_none() && key != RateKey::default() {
+        return err(format!(
+            "{key_name} needs {limit_name} (the budget it keys)"
+        ));
+    }
+    if key.uses_tenant() && !has_tenant {
+        return err(format!(
+            "{key_name} {:?} reads the tenant: it needs {tenant_name} (header:NAME or path)",
+            key_text.unwrap_or_default()
+        ));
+    }
+    Ok((spec, key))
 }
 
 #[cfg(test)]
@@ -810,5 +870,78 @@ mod tests {
                 "{flag} {value}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn rate_limit_and_rate_key_are_checked_and_named() {
+        let c = Config::from_args([
+            "b",
+            "--upstream",
+            "http://x:1",
+            "--rate-limit",
+            "requests=60/min,tokens=100000/min",
+            "--tenant-from",
+            "header:x-tenant",
+            "--rate-key",
+            "header:x-api-key|tenant",
+        ])
+        .unwrap();
+        assert_eq!(c.rate_limit.unwrap().limits.len(), 2);
+        assert!(c.rate_key.uses_tenant());
+        for (args, expected) in [
+            (
+                vec!["--rate-limit", "requests=60/fortnight"],
+                "--rate-limit \"requests=60/fortnight\": ",
+            ),
+            (
+                vec!["--rate-limit", "requests=1/s", "--rate-key", "cookie:x"],
+                "--rate-key \"cookie:x\": ",
+            ),
+            (
+                vec!["--rate-key", "header:x-api-key"],
+                "--rate-key needs --rate-limit",
+            ),
+            (
+                vec!["--rate-limit", "requests=1/s", "--rate-key", "tenant"],
+                "--rate-key \"tenant\" reads the tenant: it needs --tenant-from",
+            ),
+        ] {
+            let mut argv = vec!["b", "--upstream", "http://x:1"];
+            argv.extend(args);
+            let e = Config::from_args(argv).unwrap_err().to_string();
+            assert!(e.contains(expected), "{e}");
+            assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+        }
+        let keywords = Flags {
+            upstream: Some("http://x:1".into()),
+            rate_limit: Some("tokens=5/s,cost=6".into()),
+            naming: Naming::Keywords,
+            ..Flags::default()
+        };
+        let e = Config::resolve(keywords).unwrap_err().to_string();
+        assert!(e.starts_with("rate_limit \"tokens=5/s,cost=6\": "), "{e}");
+        // And from the config file, named as its key there.
+        let path = std::env::temp_dir().join(format!("admitgate-rate-{}.yaml", std::process::id()));
+        std::fs::write(
+            &path,
+            "upstream: http://127.0.0.1:9\nrate_limit: requests=5/s,cost=1\nrate_key: header:x-k\n",
+        )
+        .unwrap();
+        let e = Config::from_args(["b", "--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        let expected = format!(
+            "rate_limit (in {}) \"requests=5/s,cost=1\": cost= needs a tokens= rate",
+            path.display()
+        );
+        assert!(e.contains(&expected), "{e}");
+        std::fs::write(
+            &path,
+            "upstream: http://127.0.0.1:9\nrate_limit: requests=5/s\nrate_key: header:x-k\n",
+        )
+        .unwrap();
+        let c = Config::from_args(["b", "--config", path.to_str().unwrap()]).unwrap();
+        assert_eq!(c.rate_limit.unwrap().policies, ["requests-per-s"]);
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -14,7 +14,8 @@
 //!   [`headers`] (hop-by-hop), [`refusal`] (the refusal answers), [`metrics`] (`/metrics`,
 //!   `/livez`, `/readyz`), [`readiness`] (whether the agent answers), [`memory`] (the agent
 //!   container's cgroup memory), [`logging`], [`deadline`] (the caller's deadline, from its
-//!   headers).
+//!   headers), [`rate_limit`] (budgets at the door: `--rate-limit`, `--rate-key`, the
+//!   refusal's RateLimit fields, the agent's usage report).
 //!
 //! Two ways to run it: [`run`] (the standalone binary: its own runtime and SIGTERM / SIGINT
 //! handlers) and [`Running`] (stopped from outside: the Python binding's
@@ -50,6 +51,7 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod proxy;
+pub mod rate_limit;
 pub mod readiness;
 pub mod refusal;
 pub mod server;
@@ -106,6 +108,12 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
             Some(limit)
         }
     };
+    let rate_limits = match &config.rate_limit {
+        None => admitgate_passage::budget::RateLimits::default(),
+        Some(spec) => spec
+            .rate_limits(&config.fleet_key, fleet.as_ref())
+            .map_err(|e| Error::Settings(format!("rate_limit: {e}")))?,
+    };
     let resource = memory::cgroup_check(
         config.memory_cgroup.clone(),
         config.memory_soft_ratio,
@@ -116,6 +124,7 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
         queue_timeout: config.queue_timeout,
         fleet,
         resource,
+        rate_limits,
     });
     proxy::Broker::new(config, passage)
         .map(Arc::new)

@@ -54,6 +54,7 @@ use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
+use crate::rate_limit::{self, DoorCounters};
 use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
 
@@ -79,6 +80,9 @@ pub struct Broker {
     http2: Client<HttpConnector, Replayed>,
     /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
     pub upstream_health: UpstreamHealth,
+    /// The budget door's counters: the agents' usage reports (`admitgate-usage-tokens`), and
+    /// refusals by policy.
+    pub usage: Arc<DoorCounters>,
 }
 
 /// What one stream of the shared h2c upstream connection may have unread in the broker.
@@ -142,6 +146,7 @@ impl Broker {
             transports,
             refusals: RefusalLog::default(),
             upstream_health: UpstreamHealth::default(),
+            usage: Arc::default(),
             passage,
             config,
         })
@@ -295,7 +300,16 @@ impl Broker {
                 };
                 let tenant = self.tenant(&parts.headers, route_tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
-                let admitting = self.passage.admit_by(&tenant, tid, deadline);
+                // Hashed by the budget before anything keeps it; never logged.
+                let identity = self
+                    .config
+                    .rate_limit
+                    .as_ref()
+                    .map(|_| self.config.rate_key.identity(&parts.headers, &tenant));
+                let cost = self.config.rate_limit.as_ref().map_or(0, |spec| spec.cost);
+                let admitting =
+                    self.passage
+                        .admit_as(&tenant, tid, deadline, identity.as_deref(), cost);
                 let admitted = match body.unread_client() {
                     None => admitting.await,
                     // The rest of a longer body is still to come and nothing reads it while
@@ -349,6 +363,16 @@ impl Broker {
                         );
                         let mut response =
                             refusal::respond(&shape, refused.reason, refused.retry_after);
+                        if let (Some(spec), Some(by)) = (&self.config.rate_limit, refused.by) {
+                            self.usage.refused(by.limit);
+                            if !grpc {
+                                spec.add_refusal_headers(
+                                    response.headers_mut(),
+                                    by.limit,
+                                    refused.retry_after,
+                                );
+                            }
+                        }
                         if parts.version < Version::HTTP_2 && !drain(body).await {
                             // Say so rather than let a client reuse a connection that closes.
                             response
@@ -460,6 +484,14 @@ impl Broker {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
                 head.version = Version::HTTP_11;
+                // The agent's usage report (a header, or a trailers-only gRPC answer's
+                // trailer) is settled against the turn and never reaches the client.
+                let usage = rate_limit::take_usage(&mut head.headers);
+                let mut permit = permit;
+                let settled = permit
+                    .as_mut()
+                    .is_some_and(|permit| rate_limit::settle(permit, usage));
+                self.usage.count(usage, settled);
                 let held = Held::new(
                     body,
                     permit,
@@ -467,6 +499,8 @@ impl Broker {
                     self.config.abandoned_response_timeout,
                     self.config.send_timeout,
                     Box::new(record),
+                    self.usage.clone(),
+                    settled,
                 );
                 Response::from_parts(head, held.boxed_unsync())
             }
@@ -517,12 +551,16 @@ impl Broker {
                 });
                 let (mut head, _) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, true);
+                self.usage
+                    .count(rate_limit::take_usage(&mut head.headers), false);
                 record();
                 Response::from_parts(head, full(Bytes::new()))
             }
             Ok(response) => {
                 let (mut head, body) = response.into_parts();
                 strip_hop_by_hop(&mut head.headers, false);
+                self.usage
+                    .count(rate_limit::take_usage(&mut head.headers), false);
                 let held = Held::new(
                     body,
                     None,
@@ -530,6 +568,8 @@ impl Broker {
                     Duration::ZERO,
                     Duration::ZERO,
                     Box::new(record),
+                    self.usage.clone(),
+                    false,
                 );
                 Response::from_parts(head, held.boxed_unsync())
             }

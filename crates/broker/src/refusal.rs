@@ -47,9 +47,11 @@ pub fn statuses(reason: Rejection) -> (StatusCode, u8, &'static str) {
         Rejection::MemoryPressure | Rejection::Closing | Rejection::FleetUnavailable => {
             (StatusCode::SERVICE_UNAVAILABLE, 14, "UNAVAILABLE")
         }
-        Rejection::QueueFull | Rejection::Shed | Rejection::Policy | Rejection::Timeout => {
-            (StatusCode::TOO_MANY_REQUESTS, 8, "RESOURCE_EXHAUSTED")
-        }
+        Rejection::QueueFull
+        | Rejection::Shed
+        | Rejection::Policy
+        | Rejection::Timeout
+        | Rejection::RateLimited => (StatusCode::TOO_MANY_REQUESTS, 8, "RESOURCE_EXHAUSTED"),
         // The caller's own deadline cannot be met: not a reason to retry sooner.
         Rejection::Deadline => (StatusCode::GATEWAY_TIMEOUT, 4, "DEADLINE_EXCEEDED"),
     }

@@ -25,11 +25,15 @@ pub enum Rejection {
     /// Its caller's deadline passed while it waited, or less of it was left than a turn
     /// typically takes: its caller would have left before it finished.
     Deadline,
+    /// A budget (`rate_limit=`) has no room for the turn's identity: requests or tokens per
+    /// window used up. Decided before the slot, so the turn never took one; the retry time is
+    /// exact (when the same turn fits).
+    RateLimited,
 }
 
 impl Rejection {
     /// Every reason, in the order per-reason counters are kept.
-    pub const ALL: [Rejection; 8] = [
+    pub const ALL: [Rejection; 9] = [
         Rejection::QueueFull,
         Rejection::Shed,
         Rejection::Policy,
@@ -38,6 +42,7 @@ impl Rejection {
         Rejection::Timeout,
         Rejection::FleetUnavailable,
         Rejection::Deadline,
+        Rejection::RateLimited,
     ];
 
     /// A stable name for logs, metrics and `AdmissionRejected.reason`.
@@ -51,6 +56,7 @@ impl Rejection {
             Rejection::Timeout => "timeout",
             Rejection::FleetUnavailable => "fleet_unavailable",
             Rejection::Deadline => "deadline",
+            Rejection::RateLimited => "rate_limited",
         }
     }
 

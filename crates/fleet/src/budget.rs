@@ -392,27 +392,13 @@ impl FleetBudget {
     /// Decides one admission of `identity` costing `tokens`: one round trip to Redis, or none
     /// (a known refusal, or Redis down). `Err` only for `reject` while Redis is down.
     pub async fn reserve(&self, identity: &[u8], tokens: u64) -> Result<FleetDecision, FleetError> {
+        if let Some(decided) = self.decide_now(identity, tokens) {
+            return decided;
+        }
         let inner = &self.inner;
         let key = inner.local.key(identity);
         let started = Instant::now();
-        let known = inner
-            .known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key, tokens, started);
-        if let Some((wait, limit)) = known {
-            inner.counters.known_refusals.fetch_add(1, Relaxed);
-            return Ok(FleetDecision::Limited(BudgetRefusal {
-                retry_after: Some(wait),
-                limit,
-                decider: Decider::KnownRefusal,
-                server_time: None,
-            }));
-        }
         let backend = &inner.fleet.inner.backend;
-        if !backend.is_up() {
-            return self.offline(key, tokens);
-        }
         inner.fleet.inner.ensure_started();
         let tag: Arc<str> = format!("{{{}:{}}}", inner.name, identity_hash(identity)).into();
         let n = inner.next_id.fetch_add(1, Relaxed);
@@ -483,6 +469,38 @@ impl FleetBudget {
                 Ok(self.offline(key, tokens)?)
             }
         }
+    }
+
+    /// The decision of [`FleetBudget::reserve`] when it needs no round trip (a refusal whose
+    /// retry time is known, or Redis down), made here without awaiting anything; `None` when
+    /// Redis must be asked. A caller on another runtime (an event loop) answers most of a
+    /// burst far above the limit this way, without handing the call to the fleet's runtime.
+    pub fn decide_now(
+        &self,
+        identity: &[u8],
+        tokens: u64,
+    ) -> Option<Result<FleetDecision, FleetError>> {
+        let inner = &self.inner;
+        let key = inner.local.key(identity);
+        let known =
+            inner
+                .known
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(key, tokens, Instant::now());
+        if let Some((wait, limit)) = known {
+            inner.counters.known_refusals.fetch_add(1, Relaxed);
+            return Some(Ok(FleetDecision::Limited(BudgetRefusal {
+                retry_after: Some(wait),
+                limit,
+                decider: Decider::KnownRefusal,
+                server_time: None,
+            })));
+        }
+        if !inner.fleet.inner.backend.is_up() {
+            return Some(self.offline(key, tokens));
+        }
+        None
     }
 
     fn offline(&self, key: KeyHash, tokens: u64) -> Result<FleetDecision, FleetError> {

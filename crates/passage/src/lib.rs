@@ -75,6 +75,7 @@
     )
 )]
 
+pub mod budget;
 pub mod core_api;
 pub mod lease;
 pub mod turn;
@@ -85,6 +86,7 @@ use std::time::{Duration, Instant};
 use admitgate_fleet::FleetLimit;
 use tokio::sync::{oneshot, watch};
 
+use budget::{BudgetHolds, BudgetTurn, RateLimits};
 use core_api::{
     ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered, Rejection, Stats,
     TransportId, Transports, Waker, Wakes,
@@ -121,6 +123,19 @@ pub struct Refused {
     pub reason: Rejection,
     /// The gate's hint; `None` where waiting would not help (a policy) or for `closing`.
     pub retry_after: Option<Duration>,
+    /// For `rate_limited`: which limit refused (the one whose wait is longest), so a front
+    /// door can name it (the broker's `RateLimit` field); `None` for every other reason.
+    pub by: Option<RefusedBy>,
+}
+
+/// The limit that refused a turn: limiter `limiter` of the passage's rate limits, its limit
+/// `limit` (in the order given).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefusedBy {
+    /// The limiter's index in [`budget::RateLimits::limiters`].
+    pub limiter: usize,
+    /// The limit's index in that limiter's limits.
+    pub limit: usize,
 }
 
 /// Memory-aware admission's reading: the decision memory pressure calls for right now.
@@ -136,6 +151,8 @@ pub struct PassageConfig {
     pub fleet: Option<FleetLimit>,
     /// Memory pressure, if memory-aware admission is on.
     pub resource: Option<ResourceCheck>,
+    /// The budgets every turn passes before its slot ([`budget`]); empty: none.
+    pub rate_limits: RateLimits,
 }
 
 impl Lane for Passage {
@@ -157,6 +174,7 @@ pub struct Passage {
     fleet: Option<FleetLimit>,
     queue_timeout: Option<Duration>,
     resource: Option<ResourceCheck>,
+    rate_limits: RateLimits,
     epoch: Instant,
     closing: watch::Sender<bool>,
 }
@@ -176,6 +194,7 @@ impl Passage {
             fleet: config.fleet,
             queue_timeout: config.queue_timeout,
             resource: config.resource,
+            rate_limits: config.rate_limits,
             epoch: Instant::now(),
             closing,
         })
@@ -222,6 +241,11 @@ impl Passage {
         self.fleet.as_ref()
     }
 
+    /// The budgets turns pass before their slot.
+    pub fn rate_limits(&self) -> &RateLimits {
+        &self.rate_limits
+    }
+
     /// Per tenant with turns running or waiting: `(tenant, in flight, queued)`.
     pub fn scope_stats(&self) -> Vec<(Arc<str>, u64, u64)> {
         self.gate.scope_stats()
@@ -264,10 +288,63 @@ impl Passage {
         transport: TransportId,
         deadline: Option<Instant>,
     ) -> Result<Permit, Refused> {
+        self.admit_as(scope, transport, deadline, None, 0).await
+    }
+
+    /// [`Passage::admit_by`] for a turn of `identity` (its budgets' key; `None`: the scope)
+    /// estimated at `tokens`: it first passes the passage's budgets ([`budget`]), refused
+    /// with `rate_limited` (exact retry time) or, with `on_limit = "wait"`, waiting within
+    /// its queue timeout and deadline, so a turn the budget refuses never takes a slot or a
+    /// lease. What it reserved is given back if it is then refused or dropped before it runs;
+    /// a running turn settles it with [`Permit::report_usage`].
+    pub async fn admit_as(
+        self: &Arc<Self>,
+        scope: &str,
+        transport: TransportId,
+        deadline: Option<Instant>,
+        identity: Option<&[u8]>,
+        tokens: u64,
+    ) -> Result<Permit, Refused> {
         // On the passage's clock, as the core takes time.
         let timeout_at = self
             .queue_timeout
             .and_then(|timeout| self.now().checked_add(timeout));
+        let holds = if self.rate_limits.is_empty() {
+            None
+        } else {
+            let wait_until = match (
+                timeout_at.and_then(|at| self.epoch.checked_add(at)),
+                deadline,
+            ) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let identity = identity.unwrap_or(scope.as_bytes());
+            let step =
+                BudgetTurn::with_identity(self.rate_limits.clone(), identity, tokens, wait_until);
+            match budget::reserve(step).await {
+                Ok(holds) => Some(ReturnUnlessRun(Some(holds))),
+                Err(refused) => {
+                    self.transports.rejected(transport, refused.reason);
+                    return Err(refused);
+                }
+            }
+        };
+        let mut permit = self
+            .admit_slot(scope, transport, deadline, timeout_at)
+            .await?;
+        permit.budget = holds.and_then(|mut h| h.0.take());
+        Ok(permit)
+    }
+
+    /// The slot and the lease of a turn (after its budgets).
+    async fn admit_slot(
+        self: &Arc<Self>,
+        scope: &str,
+        transport: TransportId,
+        deadline: Option<Instant>,
+        timeout_at: Option<Duration>,
+    ) -> Result<Permit, Refused> {
         let deadline = deadline.map(|at| at.saturating_duration_since(self.epoch));
         if deadline.is_some() && !self.gate.times_turns() {
             // Learn the service time deadlines are checked against (what the binding does).
@@ -304,6 +381,7 @@ impl Passage {
         Ok(Permit {
             passage: self.clone(),
             turn,
+            budget: None,
         })
     }
 
@@ -362,6 +440,7 @@ impl Passage {
                 Err(Refused {
                     reason: Rejection::Timeout,
                     retry_after: None,
+                    by: None,
                 })
             }
         }
@@ -412,6 +491,7 @@ impl Passage {
                 turn.lease_granted(self, lease).map_err(|_| Refused {
                     reason: Rejection::Closing,
                     retry_after: None,
+                    by: None,
                 })
             }
             Err(reason) => {
@@ -429,6 +509,7 @@ impl Passage {
                 Err(Refused {
                     reason,
                     retry_after: hint,
+                    by: None,
                 })
             }
         }
@@ -476,14 +557,39 @@ impl Drop for Abandon<'_> {
     }
 }
 
+/// A turn's budget holds until it runs: given back if it is refused or dropped first.
+struct ReturnUnlessRun(Option<BudgetHolds>);
+
+impl Drop for ReturnUnlessRun {
+    fn drop(&mut self) {
+        if let Some(holds) = self.0.take() {
+            holds.cancel();
+        }
+    }
+}
+
 /// An admitted turn's slot (and lease): released when dropped, exactly once.
 #[must_use = "the turn is admitted only while its permit is held"]
 pub struct Permit {
     passage: Arc<Passage>,
     turn: Turn,
+    /// What it holds in the passage's budgets (kept as spent unless usage is reported).
+    budget: Option<BudgetHolds>,
 }
 
 impl Permit {
+    /// The turn used `tokens` (its provider's report): each budget refunds the difference from
+    /// the estimate or records the excess as debt. Once; later reports are ignored (`false`).
+    pub fn report_usage(&mut self, tokens: u64) -> bool {
+        match self.budget.take() {
+            Some(holds) if !holds.is_empty() => {
+                holds.settle(tokens);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The transport it was admitted through.
     pub fn transport(&self) -> TransportId {
         self.turn.transport()

@@ -12,6 +12,7 @@ fn passage(
         queue_timeout: timeout,
         fleet: None,
         resource: None,
+        rate_limits: budget::RateLimits::default(),
     })
 }
 

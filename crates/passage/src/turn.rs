@@ -377,6 +377,7 @@ impl Turn {
         Refused {
             reason,
             retry_after: retry,
+            by: None,
         }
     }
 

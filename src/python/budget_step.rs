@@ -1,0 +1,291 @@
+//! A turn's budget step for Python (`rate_limit=`): the turn's identity (from `identity=`,
+//! `key(session_id)` or the session id), and the drivers of passage's [`BudgetTurn`]: on an
+//! event loop (a coroutine, `admitgate._budget.enter`, that sleeps and awaits the fleet's
+//! answers), and on a blocked thread (`admit_sync`).
+//!
+//! The rules (order, give-back, `on_limit`, the wait bound) are passage's; this module only
+//! waits. A turn whose budgets allow it at once (every local decision, the common case) never
+//! leaves `__aenter__`: the coroutine is used only to wait or to ask Redis.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admitgate_passage::budget::{BudgetNext, BudgetTurn, FleetAnswer};
+use parking_lot::Mutex;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyString};
+
+use super::admission::{Admission, BudgetState};
+use super::args;
+use super::fleet::{future_into_py, runtime_start};
+use super::runtime::now;
+
+/// `identity=` or a key's answer: a str (UTF-8, lone surrogates escaped) or bytes.
+pub fn identity_bytes(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Arc<[u8]>> {
+    if let Ok(text) = value.cast::<PyString>() {
+        return Ok(Arc::from(args::scope_key(text)?.as_bytes()));
+    }
+    if let Ok(bytes) = value.cast::<PyBytes>() {
+        return Ok(Arc::from(bytes.as_bytes()));
+    }
+    let kind = value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    // The value itself is never shown: it may be an API key.
+    Err(PyTypeError::new_err(format!(
+        "{arg} must be a str or bytes, got a {kind}"
+    )))
+}
+
+/// A fleet budget's answer, as the asyncio future's result (opaque to Python).
+#[pyclass(frozen, module = "admitgate._admitgate")]
+pub struct BudgetAnswer(Mutex<Option<FleetAnswer>>);
+
+/// What the step asks of its driver next, as Python sees it: `None` (admitted), seconds to
+/// sleep, or an awaitable of the fleet's answer.
+enum Pending {
+    Admitted,
+    Sleep(Duration),
+    Ask(admitgate_passage::budget::FleetAsk),
+}
+
+impl Admission {
+    /// The turn's identity in each of its gate's budgets.
+    fn identities(&self, py: Python<'_>) -> PyResult<Vec<Arc<[u8]>>> {
+        if let Some(identity) = &self.identity {
+            return Ok(vec![identity.clone()]);
+        }
+        let session = self.session_id.bind(py);
+        let plain: Arc<[u8]> = Arc::from(args::scope_key(session)?.as_bytes());
+        self.gate()
+            .get()
+            .rate_limits()
+            .iter()
+            .map(|limit| match limit.get().key() {
+                // The key is Python: called with no lock held.
+                Some(key) => identity_bytes("key(session_id)", &key.bind(py).call1((session,))?),
+                None => Ok(plain.clone()),
+            })
+            .collect()
+    }
+
+    /// When the turn's budget wait must end: its queue timeout (and `admit_sync`'s own)
+    /// counted from now, or its deadline, whichever is first.
+    fn budget_wait_until(&self) -> Option<Instant> {
+        let at = match (self.deadline(), self.deadline_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }?;
+        Instant::now().checked_add(at.saturating_sub(now()))
+    }
+
+    /// Begins the budget step (nothing without `rate_limit=`): `Admitted` when every budget
+    /// allowed the turn at once; raises the refusal.
+    fn budget_begin(&self, py: Python<'_>) -> PyResult<Pending> {
+        let gate = self.gate().get();
+        if gate.rate_limits().is_empty() {
+            return Ok(Pending::Admitted);
+        }
+        *self.began_at.lock() = Some(now());
+        let identities = self.identities(py)?;
+        let mut turn = BudgetTurn::new(
+            gate.budgets()?,
+            identities,
+            self.cost,
+            self.budget_wait_until(),
+        );
+        let next = turn.step(Instant::now());
+        self.budget_next(py, turn, next)
+    }
+
+    /// Keeps `turn` for what comes `next`.
+    fn budget_next(&self, py: Python<'_>, turn: BudgetTurn, next: BudgetNext) -> PyResult<Pending> {
+        match next {
+            BudgetNext::Admitted => {
+                *self.budget.lock() = BudgetState::Held(turn.admitted());
+                Ok(Pending::Admitted)
+            }
+            BudgetNext::Refused(refused) => {
+                drop(turn);
+                *self.budget.lock() = BudgetState::Done;
+                // Counted per front door as every refusal is (`transport_stats()`, metrics).
+                let transport = self.transport();
+                self.gate()
+                    .get()
+                    .core
+                    .transports
+                    .rejected(transport, refused.reason);
+                let error = self.refusal(py, refused.reason, refused.retry_after);
+                if let Some(by) = refused.by {
+                    // Which limit refused, for a front door's RateLimit fields.
+                    if let Some(limit) = self.gate().get().rate_limits().get(by.limiter) {
+                        let exc = error.value(py);
+                        exc.setattr("rate_limit", limit.clone_ref(py))?;
+                        exc.setattr("rate_limit_index", by.limit)?;
+                    }
+                }
+                Err(error)
+            }
+            BudgetNext::WaitUntil(at) => {
+                *self.budget.lock() = BudgetState::Stepping(turn);
+                Ok(Pending::Sleep(at.saturating_duration_since(Instant::now())))
+            }
+            BudgetNext::Ask(ask) => {
+                *self.budget.lock() = BudgetState::Stepping(turn);
+                Ok(Pending::Ask(ask))
+            }
+        }
+    }
+
+    /// Goes on with the step after a sleep (`answer` `None`) or the fleet's answer.
+    fn budget_resume(&self, py: Python<'_>, answer: Option<FleetAnswer>) -> PyResult<Pending> {
+        let state = std::mem::take(&mut *self.budget.lock());
+        let BudgetState::Stepping(mut turn) = state else {
+            *self.budget.lock() = state;
+            return Ok(Pending::Admitted);
+        };
+        let next = match answer {
+            Some(answer) => turn.answered(answer, Instant::now()),
+            None => turn.step(Instant::now()),
+        };
+        self.budget_next(py, turn, next)
+    }
+
+    /// When Redis recorded the turn (seconds since the epoch, its clock), if a fleet-wide
+    /// budget decided it there.
+    pub(super) fn budget_server_time(&self) -> Option<f64> {
+        match &*self.budget.lock() {
+            BudgetState::Held(holds) | BudgetState::Running(holds) => {
+                holds.server_time().map(|t| t.as_secs_f64())
+            }
+            _ => None,
+        }
+    }
+
+    /// `turn.report_usage(tokens=...)`: settles every budget's reservation (once).
+    pub(super) fn budget_settle(&self, tokens: u64) {
+        let holds = {
+            let mut state = self.budget.lock();
+            match std::mem::take(&mut *state) {
+                BudgetState::Running(holds) | BudgetState::Held(holds) => {
+                    *state = BudgetState::Done;
+                    holds
+                }
+                // Nothing reserved (no budget), or already settled: the report is ignored.
+                other => {
+                    *state = other;
+                    return;
+                }
+            }
+        };
+        holds.settle(tokens);
+    }
+
+    /// For `__aenter__`: `None` when the turn passed its budgets at once (go on to the gate),
+    /// else the coroutine that waits for them and then enters the gate.
+    pub(super) fn budget_enter_async(slf: &Bound<'_, Self>) -> PyResult<Option<Py<PyAny>>> {
+        let py = slf.py();
+        let first = match slf.get().budget_begin(py)? {
+            Pending::Admitted => return Ok(None),
+            pending => to_python(py, pending)?,
+        };
+        static ENTER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let enter = ENTER.import(py, "admitgate._budget", "enter")?;
+        Ok(Some(enter.call1((slf, first))?.unbind()))
+    }
+
+    /// `_budget_step(answer)`: the coroutine's next step.
+    pub(super) fn budget_step_py(
+        &self,
+        py: Python<'_>,
+        answer: Option<&Bound<'_, BudgetAnswer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let answer = answer.and_then(|a| a.get().0.lock().take());
+        let pending = self.budget_resume(py, answer)?;
+        to_python(py, pending)
+    }
+
+    /// For `admit_sync`: passes the budgets on this thread (sleeping, and asking Redis, with
+    /// the GIL released; Ctrl-C interrupts the wait and gives back what the turn held).
+    pub(super) fn budget_enter_blocking(&self, py: Python<'_>) -> PyResult<()> {
+        let mut pending = self.budget_begin(py)?;
+        loop {
+            let answer = match pending {
+                Pending::Admitted => return Ok(()),
+                Pending::Sleep(wait) => {
+                    if let Err(err) = sleep_interruptibly(py, wait) {
+                        self.give_back_budget();
+                        return Err(err);
+                    }
+                    None
+                }
+                Pending::Ask(ask) => match ask_blocking(py, ask) {
+                    Ok(answer) => Some(answer),
+                    Err(err) => {
+                        self.give_back_budget();
+                        return Err(err);
+                    }
+                },
+            };
+            pending = self.budget_resume(py, answer)?;
+        }
+    }
+}
+
+/// `None`, seconds (a float), or an asyncio future of the fleet's answer.
+fn to_python(py: Python<'_>, pending: Pending) -> PyResult<Py<PyAny>> {
+    match pending {
+        Pending::Admitted => Ok(py.None()),
+        Pending::Sleep(wait) => Ok(wait.as_secs_f64().into_pyobject(py)?.into_any().unbind()),
+        Pending::Ask(ask) => {
+            let fut = future_into_py(py, async move {
+                Ok::<_, PyErr>(BudgetAnswer(Mutex::new(Some(ask.run().await))))
+            })?;
+            Ok(fut.unbind())
+        }
+    }
+}
+
+/// How often a blocked wait looks for signals (Ctrl-C).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+fn sleep_interruptibly(py: Python<'_>, wait: Duration) -> PyResult<()> {
+    let started = Instant::now();
+    loop {
+        let left = wait.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Ok(());
+        }
+        py.detach(|| std::thread::sleep(left.min(SIGNAL_CHECK)));
+        py.check_signals()?;
+    }
+}
+
+fn ask_blocking(py: Python<'_>, ask: admitgate_passage::budget::FleetAsk) -> PyResult<FleetAnswer> {
+    let handle = runtime_start()?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    // Dropped unanswered (the runtime shut down, Ctrl-C): the answer's own drop gives back
+    // an admission in it.
+    drop(handle.spawn(async move {
+        let _ = tx.send(ask.run().await);
+    }));
+    let mut rx = rx;
+    loop {
+        // The receiver is moved in and back: it may not be shared with the detached thread.
+        let (received, back) = py.detach(move || (rx.recv_timeout(SIGNAL_CHECK), rx));
+        rx = back;
+        match received {
+            Ok(answer) => return Ok(answer),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "admitgate's fleet runtime dropped a budget decision",
+                ))
+            }
+        }
+    }
+}
