@@ -241,6 +241,7 @@
 
 mod backend;
 mod budget;
+mod classes;
 mod config;
 mod error;
 mod events;
@@ -260,6 +261,7 @@ pub use budget::{
     BudgetFallback, BudgetRefusal, Decider, FleetBudget, FleetBudgetStats, FleetDecision,
     FleetReservation,
 };
+pub use classes::{FleetClasses, FAIR_QUANTUM};
 pub use config::{ConfigError, Durability, FleetConfig, OnBackendError};
 pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};
