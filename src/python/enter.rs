@@ -127,6 +127,7 @@ impl Admission {
             py,
             fleet.get(),
             this.lease_scope(py, fleet)?,
+            this.lease_class(),
             deadline,
             &interrupt,
         ) {

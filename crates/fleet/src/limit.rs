@@ -190,8 +190,9 @@ impl FleetLimit {
     }
 
     /// Orders this replica's tickets by `classes` (see the `classes` module: every replica of
-    /// the fleet must configure the same, or it is refused). Set before the first turn: a
-    /// limit that holds or waits for leases keeps the classes it has, and a change is refused.
+    /// the fleet must configure the same, or it is refused). Set once, before the first turn:
+    /// a limit that has classes, or holds or waits for leases, keeps what it has, and another
+    /// configuration is refused (setting the same again is fine).
     pub fn set_classes(&self, classes: FleetClasses) -> Result<(), ConfigError> {
         let inner = &self.inner;
         let current = inner.scripts.classes();
@@ -199,7 +200,7 @@ impl FleetLimit {
             return Ok(());
         }
         let registry = inner.registry();
-        if registry.held() > 0 || registry.waiting() > 0 {
+        if current.is_classed() || registry.held() > 0 || registry.waiting() > 0 {
             return Err(ConfigError {
                 field: "priorities",
                 value: classes.identity().to_owned(),
