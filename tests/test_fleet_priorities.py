@@ -234,3 +234,18 @@ def test_a_replica_with_other_classes_is_refused(
     assert any("other priority classes" in line for line in replicas[1].stderr), replicas[1].stderr
     assert redis_server.client().zcard(f"{{{key}}}:tickets") == 0
     replicas[0].ask({"cmd": "release"}, "released")
+
+
+def test_one_fleet_limit_orders_its_leases_by_one_set_of_classes() -> None:
+    import admitgate
+
+    limit = admitgate.FleetLimit("redis://127.0.0.1:1/0", key="test:prio-one", max_in_flight=4)
+    classes = [admitgate.PriorityClass("hi", min_share=0.5), admitgate.PriorityClass("lo")]
+    admitgate.build_admission_gate(max_concurrent_runs=4, priorities=classes, fleet=limit)
+    # The same classes again: fine (a gate rebuilt on the same limit).
+    admitgate.build_admission_gate(max_concurrent_runs=4, priorities=classes, fleet=limit)
+    other = [admitgate.PriorityClass("hi", min_share=0.25), admitgate.PriorityClass("lo")]
+    with pytest.raises(ValueError, match="^fleet: this fleet limit orders its leases by other"):
+        admitgate.build_admission_gate(max_concurrent_runs=4, priorities=other, fleet=limit)
+    with pytest.raises(ValueError, match="^fleet: "):
+        admitgate.build_admission_gate(max_concurrent_runs=4, fleet=limit)
