@@ -612,3 +612,61 @@ async fn a_replica_with_other_classes_is_refused() {
         l.shutdown().await;
     }
 }
+
+/// Guarantees are slots of the fleet's learned limit when there is one: lowered, batch's
+/// guarantee shrinks with it; raised, the new room goes to batch first, up to its guarantee of
+/// the new limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarantees_follow_the_learned_limit() {
+    use admitgate_fleet::{Change, Proposal};
+    let key = unique_key("learned");
+    let l = limit(config_for(&key, 10));
+    l.set_classes(classes(&[("hi", 0.5, 1.0), ("lo", 0.3, 1.0)], false))
+        .unwrap();
+    let propose = |change, limit, generation| Proposal {
+        change,
+        limit,
+        generation,
+        min_limit: 1,
+        max_limit: 10,
+        spacing: Duration::ZERO,
+        hold: Duration::ZERO,
+    };
+    let learned = l.learn(propose(Change::Seed, 5, 0)).await.unwrap().unwrap();
+    assert_eq!(learned.limit, 5);
+    let mut hi = Vec::new();
+    for _ in 0..5 {
+        hi.push(l.acquire_in("", Some(0)).await.unwrap());
+    }
+    let mut waits = Vec::new();
+    for c in [1, 1, 1, 1, 1, 0, 0, 0, 0, 0] {
+        let l = l.clone();
+        waits.push(tokio::spawn(async move {
+            let lease = l.acquire_in("", Some(c)).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(lease);
+        }));
+    }
+    let tickets = format!("{{{key}}}:tickets");
+    eventually(Duration::from_secs(5), "ten tickets wait", || {
+        shared().zcard(&tickets) == 10
+    })
+    .await;
+    // Two releases under a limit of 5: lo's guarantee is floor(0.3 x 5) = 1, then hi's turn.
+    hi.pop().unwrap().release().await;
+    hi.pop().unwrap().release().await;
+    assert_eq!((class_holders(&key, 0), class_holders(&key, 1)), (4, 1));
+    // Raised to 10: lo first up to floor(0.3 x 10) = 3, then hi.
+    let raised = l
+        .learn(propose(Change::Raise, 10, learned.generation))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(raised.limit, 10);
+    assert_eq!((class_holders(&key, 0), class_holders(&key, 1)), (7, 3));
+    for wait in waits {
+        wait.abort();
+    }
+    drop(hi);
+    l.shutdown().await;
+}

@@ -36,7 +36,8 @@ const SLICE: Duration = Duration::from_millis(100);
 /// The scope a turn's lease counts against: its tenant when the limit has per-tenant slices
 /// or shares its classes fairly among tenants, else none (no per-tenant bookkeeping in Redis).
 pub fn lease_scope(fleet: &PyFleetLimit, session: &str) -> Arc<str> {
-    let fair = fleet.current_limit().is_some_and(|l| l.classes().is_fair());
+    // The protocol object holds the gate's classes (rebuilt with them after a fork).
+    let fair = fleet.limit().is_ok_and(|l| l.classes().is_fair());
     if fleet.config().max_in_flight_per_scope > 0 || fair {
         Arc::from(session)
     } else {
