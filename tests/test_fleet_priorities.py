@@ -249,3 +249,44 @@ def test_one_fleet_limit_orders_its_leases_by_one_set_of_classes() -> None:
         admitgate.build_admission_gate(max_concurrent_runs=4, priorities=other, fleet=limit)
     with pytest.raises(ValueError, match="^fleet: "):
         admitgate.build_admission_gate(max_concurrent_runs=4, fleet=limit)
+
+
+# The last commit before classes: its scripts write tickets in the format plain fleets keep.
+BEFORE_CLASSES = "0f22ed8"
+
+
+def test_plain_replicas_of_this_release_and_the_one_before_share_one_fifo(
+    redis_server: RedisServer,
+) -> None:
+    """A rolling upgrade of a fleet without classes: tickets queued by either release's scripts
+    are granted in arrival order by either release's releases (a regression test: the first
+    format with classes lost the older release's tickets)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    from benchmarks.fleet_queue import Version, _source
+
+    try:
+        old_common = _source("common.lua", BEFORE_CLASSES)
+    except subprocess.CalledProcessError:
+        pytest.skip(f"commit {BEFORE_CLASSES} is not in this checkout (a shallow clone)")
+    r = redis_server.client()
+    key = f"test:prio-upgrade:{uuid.uuid4().hex[:8]}"
+    new = Version(r, key, None)
+    old = Version(r, key, None)
+    old.acquire = r.register_script(old_common + "\n" + _source("acquire.lua", BEFORE_CLASSES))
+    old.release = r.register_script(old_common + "\n" + _source("release.lua", BEFORE_CLASSES))
+    old.takes_classes = False
+    assert old.take("holder#0#0", wait=False)[-2] == 1
+    for i in range(6):
+        assert (old if i % 2 == 0 else new).take(f"r{i % 2}#0#{i}", wait=True)[-2] == 2
+    granted = []
+    for i in range(6):
+        version = new if i % 2 == 0 else old
+        version.give_back(version.holder())
+        granted.append(version.holder())
+    assert granted == [f"r{i % 2}#0#{i}" for i in range(6)]
+    assert r.zcard(f"{{{key}}}:tickets") == 0

@@ -233,23 +233,31 @@ local function present(instance)
   return until_ms ~= false and tonumber(until_ms) > now
 end
 
--- "<cap> <ttl_ms> <slice> <claim_ms> <class> <step> <scope>" (class -1: none; step: how far
--- the tenant's virtual time moves per turn it starts, under fair queuing).
+-- "<cap> <ttl_ms> <slice> <claim_ms> <scope>" without classes (the format of the releases
+-- before classes, so plain replicas of both read each other's tickets during a rolling
+-- upgrade), "<cap> <ttl_ms> <slice> <claim_ms> @<class>,<step> <scope>" with them (step: how
+-- far the tenant's virtual time moves per turn it starts, under fair queuing).
 local function parse_info(info)
   if not info then
     return nil
   end
-  local cap, ttl, slice, claim, c, step, scope =
-    string.match(info, '^(%d+) (%d+) (%d+) (%d+) (%-?%d+) (%d+) (.*)$')
+  local cap, ttl, slice, claim, c, step, scope
+  if ncls > 0 then
+    cap, ttl, slice, claim, c, step, scope =
+      string.match(info, '^(%d+) (%d+) (%d+) (%d+) @(%d+),(%d+) (.*)$')
+  end
   if cap == nil then
-    return nil
+    cap, ttl, slice, claim, scope = string.match(info, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
+    if cap == nil then
+      return nil
+    end
   end
   c = tonumber(c)
-  if c < 0 or c >= ncls then
+  if c ~= nil and c >= ncls then
     c = nil
   end
   return {cap = cap, ttl = tonumber(ttl), slice = tonumber(slice), claim = tonumber(claim),
-          class = c, step = tonumber(step), scope = scope}
+          class = c, step = tonumber(step) or 0, scope = scope}
 end
 
 local function lane_key(lane)
@@ -405,8 +413,12 @@ local function add_ticket(id, arrival, cap, ttl, slice, claim, scope, step)
   renew_presence()
   redis.call('ZADD', tickets, arrival, id)
   redis.call('ZADD', ticket_expiry, now + ttl, id)
-  redis.call('HSET', ticket_info, id, cap .. ' ' .. ttl .. ' ' .. slice .. ' ' .. claim .. ' '
-    .. (c or -1) .. ' ' .. (tonumber(step) or 0) .. ' ' .. scope)
+  local classed = ''
+  if c ~= nil then
+    classed = '@' .. c .. ',' .. (tonumber(step) or 0) .. ' '
+  end
+  redis.call('HSET', ticket_info, id,
+    cap .. ' ' .. ttl .. ' ' .. slice .. ' ' .. claim .. ' ' .. classed .. scope)
   redis.call('ZADD', lane_key(lane), arrival, id)
   keep(tickets, ttl)
   keep(ticket_expiry, ttl)
