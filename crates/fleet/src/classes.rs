@@ -41,10 +41,12 @@
 //!
 //! **A grant** looks at the heads of the caps above the holder count (`{key}:classes` holds
 //! the members `<cap>|<c>`, scored by cap), takes each class's first runnable head (replica
-//! present, tenant below its slice; skipped heads are not walked twice in a call), and serves
-//! the most important class below its guarantee, else the most important class; a class at
-//! its `max_share` cap is not looked at. That is O(classes × caps × log n) per grant, where n
-//! counts tickets and leases: no script walks the queue.
+//! present, tenant below its slice: a lane whose tenant is at its slice is stepped over, and
+//! remembered as such for the rest of the call), and serves the most important class below its
+//! guarantee, else the most important class; a class at its `max_share` cap is not looked at.
+//! That is O(classes × caps × log n) per grant, plus one O(log n) step per lane stepped over
+//! (at most the tenants at their slice), where n counts tickets and leases: no script walks the
+//! queue.
 //!
 //! **Guarantees and caps in slots.** `⌊min_share × room⌋` (at least one when `min_share > 0`)
 //! and `⌊max_share × room⌋` (at least one), where the room is the ticket's replica's cap or
