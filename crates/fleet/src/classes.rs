@@ -70,7 +70,9 @@
 //! kept while any replica that agrees with it holds a lease or a ticket), and a replica whose
 //! configuration differs is **refused**: its acquisitions fail with [`FleetError::Conflict`]
 //! (a gate turn is refused with `fleet_unavailable`), one [`FleetEvent::ClassConflict`] is
-//! logged, and nothing of it is queued. Refusing, rather than merging, is the one choice
+//! logged, and nothing of it is queued. Its calls never grant room either (a lease it held
+//! from before, released, leaves the room to the next call of a replica that agrees), so
+//! tickets are only ever ordered by the fleet's shares. Refusing, rather than merging, is the one choice
 //! that keeps every guarantee exact; it mirrors how a gate refuses a `reconfigure` that renames
 //! classes. To change the classes, deploy under a new `key` (the two fleets then hold a cap
 //! each while both run) or stop the old replicas first: `{key}:conf` goes with the last of

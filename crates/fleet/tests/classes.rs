@@ -607,7 +607,35 @@ async fn a_replica_with_other_classes_is_refused() {
     assert!(c.set_classes(FleetClasses::default()).is_err());
     assert_eq!(second.class(), Some(1));
     second.release().await;
+    // A replica whose classes are not the fleet's never grants room by its own shares: with
+    // the fleet's configuration swapped under it, a release leaves the room for a replica
+    // that agrees (here the same one once the configuration is back, at its re-check).
+    let d = a.acquire_in("t", Some(0)).await.unwrap(); // the fleet is full (2)
+    let waiting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire_in("t", Some(1)).await.unwrap() })
+    };
+    let tickets = format!("{{{key}}}:tickets");
+    eventually(Duration::from_secs(5), "one ticket waits", || {
+        shared().zcard(&tickets) >= 1
+    })
+    .await;
+    let conf = format!("{{{key}}}:conf");
+    let ours = shared().command(&["GET", &conf]);
+    shared().command(&["SET", &conf, "someone else's", "PX", "60000"]);
     held.release().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !waiting.is_finished(),
+        "granted by shares that are not the fleet's"
+    );
+    shared().command(&["SET", &conf, &ours, "PX", "60000"]);
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("granted once the configuration agrees again")
+        .unwrap();
+    granted.release().await;
+    d.release().await;
     for l in [a, b, c, plain] {
         l.shutdown().await;
     }

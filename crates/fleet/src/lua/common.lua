@@ -564,6 +564,12 @@ end
 -- that expires after its claim window unless its replica claims it; granted ids are
 -- published, space-separated.
 local function grant_waiting()
+  local stored_conf = redis.call('GET', conf_key)
+  if stored_conf ~= false and stored_conf ~= conf_id then
+    -- The fleet orders its tickets by another class configuration than the caller's: the
+    -- caller's shares must not decide (a replica that agrees grants at its next call).
+    return
+  end
   local total = redis.call('ZCARD', holders)
   local given = {}
   local blocked = {}
