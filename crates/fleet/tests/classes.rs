@@ -173,9 +173,11 @@ impl Model {
             let id = self.lanes[&lane][0].1.clone();
             if self.fair {
                 let (_, tenant) = Self::lane_parts(&lane);
-                self.vt[c] = self.vt[c].max(score);
+                // A lane behind the class's virtual time starts at it.
+                let start = self.vt[c].max(score);
+                self.vt[c] = start;
                 self.finish
-                    .insert((c, tenant.clone()), score + FAIR_QUANTUM);
+                    .insert((c, tenant.clone()), start + FAIR_QUANTUM);
                 let flow: Vec<String> = self
                     .lanes
                     .keys()

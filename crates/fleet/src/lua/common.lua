@@ -535,13 +535,17 @@ local function next_classed(members, blocked)
   return nil
 end
 
--- Fair queuing: class c serves a turn of `scope` that started at virtual time `start`: the
+-- Fair queuing: class c serves a turn of `scope` whose lane stood at virtual time `start`: the
 -- class's virtual time becomes it, the tenant's next turn starts `step` later, and the tenant's
--- other lanes (its tickets on other replicas) move to that start too.
+-- other lanes (its tickets on other replicas) move to that start too. A lane that stood behind
+-- the class's virtual time (its tenant was at its slice while others were served) starts at
+-- the class's virtual time: it catches up one turn at most, banking no credit for the wait.
 local function advance(c, scope, start, step, served_lane)
   local v = tonumber(redis.call('HGET', vt_key, c) or '0') or 0
   if start > v then
     redis.call('HSET', vt_key, c, string.format('%.0f', start))
+  else
+    start = v
   end
   redis.call('HSET', ftag_key(c), scope, string.format('%.0f', start + step))
   for _, lane in ipairs(redis.call('SMEMBERS', flow_key(c, scope))) do
