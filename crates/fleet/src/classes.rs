@@ -22,7 +22,11 @@
 //! script prunes it (`ZREMRANGEBYSCORE`) on first use and counts it (`ZCARD`), O(log n) plus the
 //! entries it prunes. So a crashed replica's leases leave their class's count when they expire,
 //! as they leave the total: a class's guarantee comes back `lease_ttl` after its holder died,
-//! and its tickets on live replicas get the room at the next call of any replica.
+//! and its tickets on live replicas get the room at the next call of any replica. The dead
+//! replica's own tickets are reclaimed per class as they are without classes: its presence
+//! lapses, so its lanes leave their class's heads at the next grant that meets them (never
+//! walked), a grant made to it just before goes unclaimed and leaves its class's count after
+//! the claim window, and the tickets themselves expire with their TTL.
 //!
 //! **One sorted set of lane heads per class** (and per cap, for rolling deploys with
 //! different caps): a lane is one replica instance's tickets of one class and one tenant, FIFO
