@@ -62,9 +62,12 @@ async fn instance_of(limit: &FleetLimit) -> String {
 
 /// The fleet's queue as the design says it is served: one cap, classes with guarantees and
 /// caps in slots of it, FIFO within a class or fair queuing across tenants (virtual starts,
-/// ties in lane-name order, as a Redis sorted set orders equal scores).
+/// ties in lane-name order, as a Redis sorted set orders equal scores), a tenant at its slice
+/// skipped.
 struct Model {
     cap: u64,
+    /// Per-tenant slice (0: none).
+    slice: u64,
     mins: Vec<f64>,
     maxs: Vec<f64>,
     fair: bool,
@@ -74,8 +77,8 @@ struct Model {
     lanes: BTreeMap<String, Vec<(u64, String)>>,
     /// Lane -> its score in its class's heads (fair: virtual start; else its head's arrival).
     scores: HashMap<String, u64>,
-    /// Holders: id -> class.
-    holders: HashMap<String, usize>,
+    /// Holders: id -> (class, tenant).
+    holders: HashMap<String, (usize, String)>,
     vt: Vec<u64>,
     finish: HashMap<(usize, String), u64>,
 }
@@ -97,7 +100,12 @@ impl Model {
     }
 
     fn count(&self, c: usize) -> u64 {
-        self.holders.values().filter(|&&h| h == c).count() as u64
+        self.holders.values().filter(|h| h.0 == c).count() as u64
+    }
+
+    fn tenant_has_room(&self, tenant: &str) -> bool {
+        self.slice == 0
+            || (self.holders.values().filter(|h| h.1 == tenant).count() as u64) < self.slice
     }
 
     fn lane_parts(lane: &str) -> (usize, String) {
@@ -155,8 +163,8 @@ impl Model {
         while (self.holders.len() as u64) < self.cap {
             let mut best: Vec<Option<(u64, String)>> = vec![None; self.mins.len()];
             for (lane, score) in &self.scores {
-                let (c, _) = Self::lane_parts(lane);
-                if self.count(c) >= self.class_cap(c) {
+                let (c, tenant) = Self::lane_parts(lane);
+                if self.count(c) >= self.class_cap(c) || !self.tenant_has_room(&tenant) {
                     continue;
                 }
                 let candidate = (*score, lane.clone());
@@ -171,8 +179,8 @@ impl Model {
             };
             let (score, lane) = best[c].clone().unwrap();
             let id = self.lanes[&lane][0].1.clone();
+            let (_, tenant) = Self::lane_parts(&lane);
             if self.fair {
-                let (_, tenant) = Self::lane_parts(&lane);
                 // A lane behind the class's virtual time starts at it.
                 let start = self.vt[c].max(score);
                 self.vt[c] = start;
@@ -189,15 +197,19 @@ impl Model {
                 }
             }
             self.drop_ticket(&id);
-            self.holders.insert(id, c);
+            self.holders.insert(id, (c, tenant));
         }
     }
 
     /// A newcomer: a lease at once if there is room (and room in its class), else a ticket.
     fn acquire(&mut self, id: &str, lane: String, arrival: u64, c: usize) {
         self.grant_waiting();
-        if (self.holders.len() as u64) < self.cap && self.count(c) < self.class_cap(c) {
-            self.holders.insert(id.to_owned(), c);
+        let (_, tenant) = Self::lane_parts(&lane);
+        if (self.holders.len() as u64) < self.cap
+            && self.count(c) < self.class_cap(c)
+            && self.tenant_has_room(&tenant)
+        {
+            self.holders.insert(id.to_owned(), (c, tenant));
         } else {
             self.add_ticket(id, lane, arrival, c);
         }
@@ -230,19 +242,24 @@ impl Rng {
 async fn the_queue_order_is_the_models() {
     let server = shared();
     type Shares = &'static [(&'static str, f64, f64)];
-    let cases: &[(u64, bool, Shares)] = &[
-        (1, false, &[("hi", 0.5, 1.0), ("lo", 0.25, 1.0)]),
-        (2, true, &[("hi", 0.5, 1.0), ("lo", 0.25, 1.0)]),
+    // (seed, fair queuing, classes, per-tenant slice)
+    let cases: &[(u64, bool, Shares, u32)] = &[
+        (1, false, &[("hi", 0.5, 1.0), ("lo", 0.25, 1.0)], 0),
+        (2, true, &[("hi", 0.5, 1.0), ("lo", 0.25, 1.0)], 0),
         (
             3,
             true,
             &[("a", 0.0, 0.5), ("b", 0.3, 0.75), ("c", 0.1, 1.0)],
+            0,
         ),
-        (4, true, &[("only", 0.0, 1.0)]),
-        (5, false, &[("hi", 0.0, 0.5), ("lo", 0.5, 1.0)]),
-        (6, true, &[("hi", 0.6, 1.0), ("lo", 0.4, 0.5)]),
+        (4, true, &[("only", 0.0, 1.0)], 0),
+        (5, false, &[("hi", 0.0, 0.5), ("lo", 0.5, 1.0)], 0),
+        (6, true, &[("hi", 0.6, 1.0), ("lo", 0.4, 0.5)], 0),
+        (7, true, &[("hi", 0.5, 1.0), ("lo", 0.25, 1.0)], 2),
+        (8, false, &[("hi", 0.5, 1.0), ("lo", 0.25, 1.0)], 1),
+        (9, true, &[("only", 0.0, 1.0)], 1),
     ];
-    for &(seed, fair, shares) in cases {
+    for &(seed, fair, shares, slice) in cases {
         let key = unique_key("model");
         let cap = 4;
         let config = classes(shares, fair);
@@ -250,6 +267,10 @@ async fn the_queue_order_is_the_models() {
             .map(|r| {
                 let mut c = config_for(&key, cap);
                 c.replica_id = format!("r{r}");
+                c.max_in_flight_per_scope = slice;
+                // No re-check during a seed: a heartbeat re-files its replica's lanes (a lane
+                // behind the class's virtual time moves up to it), at a time no model can know.
+                c.recheck_interval = Duration::from_secs(60);
                 let l = limit(c);
                 l.set_classes(config.clone()).unwrap();
                 l
@@ -263,6 +284,7 @@ async fn the_queue_order_is_the_models() {
         }
         let mut model = Model {
             cap: u64::from(cap),
+            slice: u64::from(slice),
             mins: shares.iter().map(|s| s.1).collect(),
             maxs: shares.iter().map(|s| s.2).collect(),
             fair,
