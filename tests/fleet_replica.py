@@ -2,7 +2,8 @@
 
 Started by ``fleet_support.Replica`` as ``python fleet_replica.py '<json config>'`` with
 ``{"fleet": {FleetLimit keyword arguments}, "via": "gate", "gate": {build_admission_gate
-keyword arguments}}``. Turns go through ``gate.admit()`` of a gate built with ``fleet=``
+keyword arguments}}``; ``"priorities"`` in it is a list of ``[name, min_share, max_share]``
+(made ``PriorityClass`` objects). Turns go through ``gate.admit()`` of a gate built with ``fleet=``
 (``"via": "limit"``: through ``FleetLimit.acquire`` alone). It reads one JSON command per line
 on stdin and writes one JSON event per line on stdout:
 
@@ -20,8 +21,9 @@ on stdin and writes one JSON event per line on stdout:
     when a turn starts and ``{"event": "e", "i", "t", "o"}`` when it ends (``o``: "ok", or the
     ``AdmissionRejected`` reason of a refused turn), so a test still knows what a replica killed
     mid-run had started; then ``{"event": "loaded", "tag", "stats"}``.
-``{"cmd": "burst", "n": 300, "hold": [0.02, 0.08], "retry": 0.05, "seed": 1, "tag": "a"}``
-    starts ``n`` turns at once, each retrying a ``fleet_unavailable`` refusal after ``retry``
+``{"cmd": "burst", "n": 300, "hold": [0.02, 0.08], "retry": 0.05, "seed": 1, "tag": "a",
+"priority": null, "tenants": 1}``
+    starts ``n`` turns at once (of class ``priority``, spread over ``tenants`` session ids), each retrying a ``fleet_unavailable`` refusal after ``retry``
     seconds until it runs (a client that retries). Streams ``s``/``e`` as ``load`` does; then
     ``{"event": "burst", "tag", "served", "refused", "first", "last"}`` (refusals by reason,
     the times of the first and last refusal, ``null`` without any).
@@ -60,7 +62,10 @@ class ReplicaProcess:
         self.limit = admitgate.FleetLimit(**config["fleet"])
         self.gate: admitgate.AdmissionGate | None = None
         if config.get("via", "gate") == "gate":
-            self.gate = admitgate.build_admission_gate(**config.get("gate", {}), fleet=self.limit)
+            gate = dict(config.get("gate", {}))
+            if "priorities" in gate:
+                gate["priorities"] = [admitgate.PriorityClass(*c) for c in gate["priorities"]]
+            self.gate = admitgate.build_admission_gate(**gate, fleet=self.limit)
         self.kept: list[admitgate.FleetLease] = []
         self.holding: list[asyncio.Task[None]] = []
         self.let_go = asyncio.Event()
@@ -122,6 +127,8 @@ class ReplicaProcess:
         tag = str(command.get("tag", ""))
         low, high = (float(h) for h in command.get("hold", [0.02, 0.08]))
         retry = float(command.get("retry", 0.05))
+        priority = command.get("priority")
+        tenants = int(command.get("tenants", 1))
         rng = random.Random(command.get("seed", 0))
         holds = [rng.uniform(low, high) for _ in range(int(command["n"]))]
         refused: dict[str, int] = {}
@@ -134,7 +141,8 @@ class ReplicaProcess:
             while True:
                 try:
                     assert self.gate is not None
-                    async with self.gate.admit():
+                    session = f"{tag}-{n % tenants}" if tenants > 1 else ""
+                    async with self.gate.admit(session_id=session, priority=priority):
                         emit("s", i=turn_id, t=time.monotonic())
                         await asyncio.sleep(hold)
                         emit("e", i=turn_id, t=time.monotonic(), o="ok")

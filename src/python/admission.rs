@@ -190,6 +190,12 @@ impl Admission {
         &self.gate.get().core
     }
 
+    /// The turn's class as the fleet's lease queue takes it (ignored by a fleet without
+    /// classes).
+    pub(super) fn lease_class(&self) -> Option<usize> {
+        Some(usize::from(self.turn.lock().class().0))
+    }
+
     /// The waiting turn's key, while it waits.
     pub(super) fn queued_key(&self) -> Option<WaiterKey> {
         self.turn.lock().queued_key()

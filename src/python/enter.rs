@@ -155,6 +155,7 @@ impl Admission {
             py,
             fleet.get(),
             this.lease_scope(py, fleet)?,
+            this.lease_class(),
             deadline,
             &interrupt,
         ) {

@@ -468,6 +468,19 @@ impl PyAdmissionGate {
                     "queue_discipline='adaptive' needs max_concurrent_runs >= 1 (no ceiling, no queue), got 0",
                 ));
             }
+            if let Some(fleet) = &fleet {
+                // The fleet's lease queue orders tickets by the same classes, fleet-wide.
+                let fleet_classes = admitgate_fleet::FleetClasses::new(
+                    order.priorities.clone(),
+                    order.fair,
+                    order.weights.clone(),
+                );
+                fleet
+                    .get()
+                    .limit()?
+                    .set_classes(fleet_classes)
+                    .map_err(|err| PyValueError::new_err(format!("fleet: {}", err.reason)))?;
+            }
             let core = Arc::new(Core::new(limits));
             let classes = ClassNames::new(&order, classed);
             // A fresh gate takes any order: nothing to wake.

@@ -106,7 +106,9 @@ impl LeaseWait {
         let event_loop = running_loop(py)?.ok_or_else(|| {
             PyRuntimeError::new_err("gate.admit() must be awaited inside a running event loop")
         })?;
-        let fut = lease_future(py, self.fleet.get(), self.scope.clone())?;
+        // The turn's class orders its ticket in the fleet's queue (ignored without classes).
+        let class = self.admission.get().lease_class();
+        let fut = lease_future(py, self.fleet.get(), self.scope.clone(), class)?;
         *self.interrupt.fut.lock() = Some((fut.clone().unbind(), event_loop.clone().unbind()));
         let ends = self.admission.get().lease_deadline(self.timeout_at);
         let timer = match ends {

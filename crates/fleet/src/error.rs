@@ -12,13 +12,19 @@ pub enum FleetError {
     /// [`FleetLimit::connect`](crate::FleetLimit::connect) failed; the message never contains
     /// the URL's password.
     Backend(String),
+    /// The fleet orders its leases by other priority classes than this replica's (named by
+    /// its identity): refused, nothing queued (reason `fleet_unavailable`; see
+    /// [`FleetClasses`](crate::FleetClasses)).
+    Conflict(String),
 }
 
 impl FleetError {
     /// A short machine-readable reason, as admitgate's `AdmissionRejected.reason`.
     pub fn reason(&self) -> &'static str {
         match self {
-            FleetError::Unavailable | FleetError::Backend(_) => "fleet_unavailable",
+            FleetError::Unavailable | FleetError::Backend(_) | FleetError::Conflict(_) => {
+                "fleet_unavailable"
+            }
             FleetError::Closed => "fleet_closed",
         }
     }
@@ -32,6 +38,11 @@ impl fmt::Display for FleetError {
             }
             FleetError::Closed => f.write_str("the fleet limit was shut down"),
             FleetError::Backend(message) => write!(f, "the fleet limit's Redis: {message}"),
+            FleetError::Conflict(classes) => write!(
+                f,
+                "the fleet orders its leases by other priority classes than this replica's \
+                 ({classes}); every replica of a fleet must configure the same classes"
+            ),
         }
     }
 }

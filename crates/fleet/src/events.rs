@@ -35,6 +35,14 @@ pub enum FleetEvent {
         /// Its scope ("" when none).
         scope: String,
     },
+    /// The fleet orders its leases by other priority classes than this replica's: its turns
+    /// are refused (`fleet_unavailable`) until the configurations agree. Once per limit.
+    ClassConflict {
+        /// The limit's key.
+        key: String,
+        /// This replica's class configuration (its identity).
+        classes: String,
+    },
 }
 
 impl FleetEvent {
@@ -75,6 +83,12 @@ impl std::fmt::Display for FleetEvent {
                 f,
                 "fleet limit: lease {lease} (scope {scope:?}) expired under its turn and the room \
                  was taken; the turn runs over the fleet cap"
+            ),
+            FleetEvent::ClassConflict { key, classes } => write!(
+                f,
+                "fleet limit {key:?}: the fleet orders its leases by other priority classes than \
+                 this replica's ({classes}); its turns are refused (fleet_unavailable) until \
+                 every replica configures the same classes (or this one uses another key)"
             ),
         }
     }

@@ -30,6 +30,11 @@ impl Lease {
         &self.id
     }
 
+    /// Its priority class (a position, most important first), when the fleet has classes.
+    pub fn class(&self) -> Option<usize> {
+        crate::classes::class_of_id(&self.id)
+    }
+
     /// The scope (tenant) it counts against; "" when none.
     pub fn scope(&self) -> &str {
         &self.scope

@@ -40,21 +40,36 @@ impl FleetLimit {
     /// A lease for a turn of `scope` resuming after a person answered: taken if there is room,
     /// otherwise borrowed over the cap. Never queues; at most one bounded round trip.
     pub async fn reclaim(&self, scope: &str) -> Result<(Lease, Reclaim), FleetError> {
-        self.inner.reclaim(scope).await
+        self.inner.reclaim(scope, None).await
+    }
+
+    /// [`reclaim`](Self::reclaim) for a turn of priority class `class` (its lease's
+    /// [`Lease::class`]); the class's `max_share` does not apply to a turn that was running.
+    pub async fn reclaim_in(
+        &self,
+        scope: &str,
+        class: Option<usize>,
+    ) -> Result<(Lease, Reclaim), FleetError> {
+        self.inner.reclaim(scope, class).await
     }
 }
 
 impl Inner {
-    async fn reclaim(self: &Arc<Self>, scope: &str) -> Result<(Lease, Reclaim), FleetError> {
+    async fn reclaim(
+        self: &Arc<Self>,
+        scope: &str,
+        class: Option<usize>,
+    ) -> Result<(Lease, Reclaim), FleetError> {
         if self.is_closed() {
             return Err(FleetError::Closed);
         }
         self.ensure_started();
         let scope: Arc<str> = Arc::from(scope);
+        let position = self.scripts.classes().position(class);
         if !self.backend.is_up() {
-            return Ok((self.local_lease(scope), Reclaim::Local));
+            return Ok((self.local_lease(scope, position), Reclaim::Local));
         }
-        let id = self.next_id();
+        let id = self.next_id(position);
         // Tracked as a wait until Redis answers, so the heartbeat neither renews nor reports a
         // lease that does not exist yet; a drop of this future gives it back.
         let ended = self

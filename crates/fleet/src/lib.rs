@@ -70,6 +70,13 @@
 //! anywhere in the fleet more than one hand-off latency later (except around a replica that
 //! lost its presence, below).
 //!
+//! **Priority classes** ([`FleetClasses`], [`FleetLimit::set_classes`],
+//! [`FleetLimit::acquire_in`]): with classes, room goes to the most important class below its
+//! guaranteed share of the fleet's limit, else the most important class below its cap, and
+//! within a class FIFO or, with fair queuing, to the tenant furthest behind, across replicas;
+//! every replica must configure the same classes or it is refused. The design is the
+//! `classes` module's documentation (`src/classes.rs`).
+//!
 //! **Room never sits with a replica that cannot use it for longer than the claim window.** A
 //! grant is a lease that expires after the **claim window** (`command_timeout`) unless its
 //! replica claims it; a live replica claims at once (the pub/sub message, or its next
@@ -160,6 +167,8 @@
 //! scope), `{key}:lane:<replica instance>|<scope>` (one replica's tickets of one scope, by
 //! arrival), `{key}:heads:<cap>` (the oldest ticket of each lane of the replicas with that cap),
 //! `{key}:classes` (those caps), `{key}:replicas` (replica instance → end of its presence),
+//! with priority classes `{key}:cls:<c>`, `{key}:conf`, `{key}:vt`, `{key}:ftag:<c>` and
+//! `{key}:flow:<c>:<tenant>` (see the `classes` module),
 //! `{key}:borrowed`, `{key}:learned` (the learned limit: limit, generation, time of the last
 //! change; an hour's expiry, renewed by every heartbeat) and the pub/sub channel `{key}:grants`. Every key carries an expiry just
 //! past its newest member, so an idle limit leaves nothing behind. The per-tenant, per-lane and
@@ -241,6 +250,7 @@
 
 mod backend;
 mod budget;
+mod classes;
 mod config;
 mod error;
 mod events;
@@ -261,6 +271,7 @@ pub use budget::{
     BudgetFallback, BudgetRefusal, Decider, FleetBudget, FleetBudgetStats, FleetDecision,
     FleetReservation,
 };
+pub use classes::{FleetClasses, FAIR_QUANTUM};
 pub use config::{ConfigError, Durability, FleetConfig, OnBackendError};
 pub use error::FleetError;
 pub use events::{log_events, EventHandler, FleetEvent};

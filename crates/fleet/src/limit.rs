@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::backend::{Backend, Failure};
+use crate::classes::FleetClasses;
 use crate::config::{ConfigError, FleetConfig, OnBackendError};
 use crate::error::FleetError;
 use crate::events::{log_events, EventHandler, FleetEvent};
@@ -55,6 +56,8 @@ pub(crate) struct Inner {
     /// The heartbeat's period may have changed (a turn started waiting): re-plan without beating.
     pub(crate) replan: Arc<Notify>,
     closed: AtomicBool,
+    /// The fleet refused this replica's class configuration (logged once).
+    conflict_logged: AtomicBool,
 }
 
 /// How long a grant waits for its replica to claim it before the room goes back to the fleet:
@@ -113,6 +116,7 @@ impl FleetLimit {
                 beat_now: Arc::new(Notify::new()),
                 replan: Arc::new(Notify::new()),
                 closed: AtomicBool::new(false),
+                conflict_logged: AtomicBool::new(false),
             }),
         })
     }
@@ -157,16 +161,63 @@ impl FleetLimit {
     /// granted at that moment. While Redis is down it decides without a round trip: a local
     /// lease (`on_backend_error = local`) or [`FleetError::Unavailable`] (`reject`).
     pub async fn acquire(&self, scope: &str) -> Result<Lease, FleetError> {
+        self.acquire_in(scope, None).await
+    }
+
+    /// [`acquire`](Self::acquire) for a turn of priority class `class` (a position in the
+    /// classes given to [`set_classes`](Self::set_classes), most important first; `None` or
+    /// one past the last: the default class). With fair queuing, `scope` is the tenant.
+    pub async fn acquire_in(&self, scope: &str, class: Option<usize>) -> Result<Lease, FleetError> {
         // A waiting take never comes back empty (a closed limit is an error).
         self.inner
-            .take(scope, true)
+            .take(scope, class, true)
             .await?
             .ok_or(FleetError::Closed)
     }
 
     /// A lease for `scope` if one is free now (one round trip), else `None`; never queues.
     pub async fn try_acquire(&self, scope: &str) -> Result<Option<Lease>, FleetError> {
-        self.inner.take(scope, false).await
+        self.inner.take(scope, None, false).await
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a turn of priority class `class`.
+    pub async fn try_acquire_in(
+        &self,
+        scope: &str,
+        class: Option<usize>,
+    ) -> Result<Option<Lease>, FleetError> {
+        self.inner.take(scope, class, false).await
+    }
+
+    /// Orders this replica's tickets by `classes` (see the `classes` module: every replica of
+    /// the fleet must configure the same, or it is refused). Set once, before the first turn:
+    /// a limit that has classes, or holds or waits for leases, keeps what it has, and another
+    /// configuration is refused (setting the same again is fine).
+    pub fn set_classes(&self, classes: FleetClasses) -> Result<(), ConfigError> {
+        let inner = &self.inner;
+        let current = inner.scripts.classes();
+        if *current == classes {
+            return Ok(());
+        }
+        let registry = inner.registry();
+        if current.is_classed() || registry.held() > 0 || registry.waiting() > 0 {
+            return Err(ConfigError {
+                field: "priorities",
+                value: classes.identity().to_owned(),
+                reason: format!(
+                    "this fleet limit orders its leases by other classes already ({}); give \
+                     each gate with other classes its own FleetLimit",
+                    current.identity()
+                ),
+            });
+        }
+        inner.scripts.set_classes(classes);
+        Ok(())
+    }
+
+    /// The classes this replica's tickets are ordered by.
+    pub fn classes(&self) -> Arc<FleetClasses> {
+        self.inner.scripts.classes()
     }
 
     /// A snapshot of the counters, without a round trip.
@@ -282,9 +333,25 @@ impl Inner {
         self.closed.load(Ordering::Acquire)
     }
 
-    pub(crate) fn next_id(&self) -> Arc<str> {
+    /// A fresh lease or ticket id, carrying its class (the scripts read it after the last ':').
+    pub(crate) fn next_id(&self, class: Option<usize>) -> Arc<str> {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Arc::from(format!("{}{n}", self.id_prefix))
+        match class {
+            None => Arc::from(format!("{}{n}", self.id_prefix)),
+            Some(c) => Arc::from(format!("{}{n}:{c}", self.id_prefix)),
+        }
+    }
+
+    /// The fleet refused this replica's classes: logged once, and the error to return.
+    pub(crate) fn class_conflict(&self) -> FleetError {
+        let ours = self.scripts.classes().identity().to_owned();
+        if !self.conflict_logged.swap(true, Ordering::AcqRel) {
+            self.emit(FleetEvent::ClassConflict {
+                key: self.config.key.clone(),
+                classes: ours.clone(),
+            });
+        }
+        FleetError::Conflict(ours)
     }
 
     pub(crate) fn observe(&self, status: FleetStatus) {
@@ -367,16 +434,21 @@ impl Inner {
     }
 
     /// The decision without Redis: a local lease (`local`) or `Unavailable` (`reject`).
-    pub(crate) fn offline_lease(self: &Arc<Self>, scope: Arc<str>) -> Result<Lease, FleetError> {
+    pub(crate) fn offline_lease(
+        self: &Arc<Self>,
+        scope: Arc<str>,
+        position: Option<usize>,
+    ) -> Result<Lease, FleetError> {
         match self.config.on_backend_error {
-            OnBackendError::Local => Ok(self.local_lease(scope)),
+            OnBackendError::Local => Ok(self.local_lease(scope, position)),
             OnBackendError::Reject => Err(FleetError::Unavailable),
         }
     }
 
     /// A lease that exists only here until Redis returns and the heartbeat registers it.
-    pub(crate) fn local_lease(self: &Arc<Self>, scope: Arc<str>) -> Lease {
-        let id = self.next_id();
+    /// `position`: its class, when the fleet has classes.
+    pub(crate) fn local_lease(self: &Arc<Self>, scope: Arc<str>, position: Option<usize>) -> Lease {
+        let id = self.next_id(position);
         self.registry().insert_held(id.clone(), scope.clone());
         Lease::new(self.clone(), id, scope)
     }

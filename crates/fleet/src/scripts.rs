@@ -2,7 +2,10 @@
 //! calls. Every script is sent as EVALSHA and loaded on NOSCRIPT (`redis::Script`), so a
 //! restarted Redis, which has forgotten them, costs one extra round trip.
 
+use std::sync::{Arc, RwLock};
+
 use crate::backend::Connection;
+use crate::classes::FleetClasses;
 use redis::{RedisResult, Script};
 
 const COMMON: &str = include_str!("lua/common.lua");
@@ -122,6 +125,8 @@ pub(crate) enum Taken {
     /// Queued with this arrival (µs, server time).
     Queued(i64),
     Busy,
+    /// The caller's class configuration is not the fleet's (nothing taken or queued).
+    Conflict,
 }
 
 /// Outcome of the reclaim script.
@@ -195,6 +200,8 @@ pub(crate) struct Scripts {
     caps: Caps,
     /// `<replica_id>#<nonce>`: the prefix of this replica's ids, without the last `#`.
     instance: String,
+    /// The priority classes this replica orders its tickets by (none until the gate sets them).
+    classes: RwLock<Arc<FleetClasses>>,
     acquire: Script,
     release: Script,
     reclaim: Script,
@@ -242,6 +249,7 @@ impl Scripts {
             keys,
             caps,
             instance,
+            classes: RwLock::new(Arc::new(FleetClasses::default())),
             acquire: script(include_str!("lua/acquire.lua")),
             release: script(include_str!("lua/release.lua")),
             reclaim: script(include_str!("lua/reclaim.lua")),
@@ -255,8 +263,21 @@ impl Scripts {
         &self.keys
     }
 
+    /// The classes tickets are ordered by.
+    pub(crate) fn classes(&self) -> Arc<FleetClasses> {
+        self.classes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_classes(&self, classes: FleetClasses) {
+        *self.classes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(classes);
+    }
+
     fn invocation<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
         let k = &self.keys;
+        let classes = self.classes();
         let mut call = script.prepare_invoke();
         call.key(&k.holders)
             .key(&k.tickets)
@@ -269,7 +290,9 @@ impl Scripts {
             .arg(&k.prefix)
             .arg(&k.channel)
             .arg(&self.instance)
-            .arg(self.caps.presence_ms);
+            .arg(self.caps.presence_ms)
+            .arg(classes.shares_arg())
+            .arg(classes.identity());
         call
     }
 
@@ -295,12 +318,14 @@ impl Scripts {
             .arg(slice)
             .arg(ttl_ms)
             .arg(if wait { "1" } else { "0" })
-            .arg(claim_ms);
+            .arg(claim_ms)
+            .arg(self.classes().step(scope));
         let reply: Vec<i64> = call.invoke_async(con).await?;
         let taken = match reply.get(STATUS_LEN..STATUS_LEN + 2) {
             Some([1, _]) => Taken::Granted,
             Some([2, arrival]) => Taken::Queued(*arrival),
             Some([0, _]) => Taken::Busy,
+            Some([5, _]) => Taken::Conflict,
             _ => return Err(malformed(&reply)),
         };
         Ok((status(&reply)?, taken))
@@ -353,17 +378,22 @@ impl Scripts {
     ) -> RedisResult<(FleetStatus, Vec<BeatResult>)> {
         let mut call = self.invocation(&self.heartbeat);
         self.caps_args(&mut call);
+        let classes = self.classes();
         for beat in beats {
             match beat {
                 Beat::Lease { id, scope } => {
-                    call.arg("L").arg(&**id).arg(&**scope).arg(0);
+                    call.arg("L").arg(&**id).arg(&**scope).arg(0).arg(0);
                 }
                 Beat::Ticket {
                     id,
                     scope,
                     arrival_us,
                 } => {
-                    call.arg("T").arg(&**id).arg(&**scope).arg(*arrival_us);
+                    call.arg("T")
+                        .arg(&**id)
+                        .arg(&**scope)
+                        .arg(*arrival_us)
+                        .arg(classes.step(scope));
                 }
             }
         }
@@ -424,10 +454,12 @@ impl Scripts {
     ) -> RedisResult<(FleetStatus, Vec<Claimed>)> {
         let mut call = self.invocation(&self.claim);
         self.caps_args(&mut call);
+        let classes = self.classes();
         for request in requests {
             call.arg(&*request.id)
                 .arg(&*request.scope)
-                .arg(request.arrival_us.unwrap_or(-1));
+                .arg(request.arrival_us.unwrap_or(-1))
+                .arg(classes.step(&request.scope));
         }
         let reply: Vec<i64> = call.invoke_async(con).await?;
         status_and_codes(&reply, requests.len(), |code| match code {

@@ -45,10 +45,14 @@ impl Drop for WaitGuard<'_> {
 }
 
 impl Inner {
-    /// Takes a lease for `scope`; with `wait`, queues for one (and never returns `None`).
+    /// Takes a lease for `scope` in `class` (see [`FleetClasses::position`]); with `wait`,
+    /// queues for one (and never returns `None`).
+    ///
+    /// [`FleetClasses::position`]: crate::FleetClasses::position
     pub(crate) async fn take(
         self: &Arc<Self>,
         scope: &str,
+        class: Option<usize>,
         wait: bool,
     ) -> Result<Option<Lease>, FleetError> {
         if self.is_closed() {
@@ -56,10 +60,11 @@ impl Inner {
         }
         self.ensure_started();
         let scope: Arc<str> = Arc::from(scope);
+        let position = self.scripts.classes().position(class);
         if !self.backend.is_up() {
-            return self.offline_lease(scope).map(Some);
+            return self.offline_lease(scope, position).map(Some);
         }
-        let id = self.next_id();
+        let id = self.next_id(position);
         // Tracked before the call, so a grant published before the reply arrives finds it.
         let granted = self
             .registry()
@@ -100,6 +105,12 @@ impl Inner {
                 self.registry().remove(&id);
                 guard.disarm();
                 return Ok(None);
+            }
+            Ok((status, Taken::Conflict)) => {
+                self.observe(status);
+                self.registry().remove(&id);
+                guard.disarm();
+                return Err(self.class_conflict());
             }
             Err(failure) => {
                 self.backend_failed(failure);

@@ -4,10 +4,13 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use admitgate_core::queue::{Priorities, PriorityClass};
+use admitgate_fleet::FleetClasses;
 use support::{config, eventually, limit, RedisServer};
 
 const KEY: &str = "agent:cost";
@@ -105,8 +108,11 @@ fn mean_script_usec(server: &RedisServer) -> f64 {
 /// What one call costs with `waiting` tickets queued behind a full cap: the mean Lua time of
 /// 40 release-and-grant hand-offs (each granted turn gives its lease straight back and queues
 /// again at the back, so the queue keeps its length) and 40 acquisitions that find no room.
-async fn cost_with(server: &RedisServer, waiting: usize) -> f64 {
-    let key = format!("agent:cost-flat-{waiting}");
+///
+/// `classed`: two classes with guarantees and fair queuing, the tickets spread over both
+/// classes and 50 tenants.
+async fn cost_with(server: &RedisServer, waiting: usize, classed: bool) -> f64 {
+    let key = format!("agent:cost-flat-{waiting}-{classed}");
     let tickets = format!("{{{key}}}:tickets");
     let quiet = |id: &str| {
         let mut c = config(server, &key, 1);
@@ -115,17 +121,31 @@ async fn cost_with(server: &RedisServer, waiting: usize) -> f64 {
         c.command_timeout = Duration::from_secs(5);
         c.recheck_interval = Duration::from_secs(60);
         c.replica_id = id.to_owned();
-        limit(c)
+        let l = limit(c);
+        if classed {
+            let classes = Priorities::new(
+                vec![
+                    PriorityClass::shared("interactive", 0.5, 1.0),
+                    PriorityClass::shared("batch", 0.3, 1.0),
+                ],
+                None,
+            )
+            .unwrap();
+            l.set_classes(FleetClasses::new(classes, true, HashMap::new()))
+                .unwrap();
+        }
+        l
     };
     let (holder, queue, prober) = (quiet("holder"), quiet("queue"), quiet("prober"));
     let held = holder.acquire("").await.unwrap();
     let hand_offs = Arc::new(AtomicI64::new(40));
     let mut waits = Vec::new();
-    for _ in 0..waiting {
+    for n in 0..waiting {
         let (queue, hand_offs) = (queue.clone(), hand_offs.clone());
+        let (tenant, class) = (format!("t{}", n % 50), Some(n % 2));
         waits.push(tokio::spawn(async move {
             loop {
-                let lease = queue.acquire("").await?;
+                let lease = queue.acquire_in(&tenant, class).await?;
                 if hand_offs.fetch_sub(1, Ordering::SeqCst) <= 0 {
                     return Ok::<_, admitgate_fleet::FleetError>(lease);
                 }
@@ -160,11 +180,25 @@ async fn cost_with(server: &RedisServer, waiting: usize) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripts_cost_stays_flat_as_tickets_grow() {
     let server = RedisServer::start();
-    let small = cost_with(&server, 100).await;
-    let large = cost_with(&server, 2000).await;
+    let small = cost_with(&server, 100, false).await;
+    let large = cost_with(&server, 2000, false).await;
     eprintln!("mean Lua time per call: {small:.1} µs with 100 tickets, {large:.1} µs with 2,000");
     // O(log n) per call: twenty times the tickets cost about the same (a walk over the queue
     // would cost twenty times as much).
+    assert!(
+        large < 3.0 * small + 30.0,
+        "{small:.0} µs per call with 100 tickets, {large:.0} µs with 2,000"
+    );
+}
+
+/// The same with priority classes and fair queuing: a grant also picks the class and moves the
+/// tenant's virtual time, still O(log n) per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripts_cost_stays_flat_as_tickets_grow_with_classes() {
+    let server = RedisServer::start();
+    let small = cost_with(&server, 100, true).await;
+    let large = cost_with(&server, 2000, true).await;
+    eprintln!("with classes, mean Lua time per call: {small:.1} µs with 100 tickets, {large:.1} µs with 2,000");
     assert!(
         large < 3.0 * small + 30.0,
         "{small:.0} µs per call with 100 tickets, {large:.0} µs with 2,000"

@@ -56,6 +56,8 @@ struct HeldState {
 pub struct TurnLease {
     limit: FleetLimit,
     scope: Arc<str>,
+    /// Its priority class in the fleet's queue: a reclaimed lease keeps it.
+    class: Option<usize>,
     runtime: Arc<dyn LeaseRuntime>,
     /// The runtime's epoch when the lease was taken: after a fork it is the parent's.
     epoch: u64,
@@ -73,6 +75,7 @@ impl TurnLease {
     pub fn new(limit: FleetLimit, lease: Lease, runtime: Arc<dyn LeaseRuntime>) -> Arc<Self> {
         Arc::new(Self {
             scope: Arc::from(lease.scope()),
+            class: lease.class(),
             epoch: runtime.epoch(),
             limit,
             runtime,
@@ -149,7 +152,7 @@ impl TurnLease {
         }
         let this = self.clone();
         self.runtime.spawn(Box::pin(async move {
-            let Ok((lease, _)) = this.limit.reclaim(&this.scope).await else {
+            let Ok((lease, _)) = this.limit.reclaim_in(&this.scope, this.class).await else {
                 return; // the limit was shut down
             };
             let lend = {

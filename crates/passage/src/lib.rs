@@ -457,24 +457,28 @@ impl Passage {
         scope: &str,
         ends: Option<(tokio::time::Instant, Rejection)>,
     ) -> Result<(), Refused> {
-        let lease_scope = if fleet.config().max_in_flight_per_scope > 0 {
+        // The tenant, when the fleet bounds tenants or shares its classes fairly among them.
+        let lease_scope = if fleet.config().max_in_flight_per_scope > 0 || fleet.classes().is_fair()
+        {
             scope
         } else {
             ""
         };
+        // The turn's class orders its ticket in the fleet's queue (ignored without classes).
+        let class = Some(usize::from(turn.class().0));
         let mut closing = self.closing.subscribe();
         let limits = self.gate.limits();
         let no_queue = limits.queue_depth == 0 && limits.overflow == Overflow::Reject;
         let acquire = async {
             if no_queue {
-                match fleet.try_acquire(lease_scope).await {
+                match fleet.try_acquire_in(lease_scope, class).await {
                     Ok(Some(lease)) => Ok(lease),
                     Ok(None) => Err(Rejection::QueueFull),
                     Err(_) => Err(Rejection::FleetUnavailable),
                 }
             } else {
                 fleet
-                    .acquire(lease_scope)
+                    .acquire_in(lease_scope, class)
                     .await
                     .map_err(|_| Rejection::FleetUnavailable)
             }

@@ -168,6 +168,13 @@ impl<'py> IntoPyObject<'py> for Outcome {
             Outcome::Failed(FleetError::Backend(message), _) => Err(PyConnectionError::new_err(
                 format!("fleet limit: {message}"),
             )),
+            // Another replica's classes hold the fleet: refused like an unreachable fleet
+            // (the conflict is logged once, naming both sides' cause).
+            Outcome::Failed(FleetError::Conflict(_), retry_after) => Err(rejection(
+                py,
+                Rejection::FleetUnavailable,
+                Some(retry_after),
+            )),
         }
     }
 }

@@ -157,6 +157,8 @@ impl PyFleetLimit {
             }
             // Validated once already: only the CA file can have changed since.
             let fresh = Self::build(config, |err| config_error(err, |_| "the same".to_owned()))?;
+            // The gate's classes, set on the parent's protocol object, hold for this one too.
+            let _ = fresh.set_classes((*built.limit.classes()).clone());
             let inherited = std::mem::replace(
                 &mut *built,
                 Built {

@@ -33,10 +33,12 @@ use admitgate_core::Rejection;
 /// How long a blocked thread waits before it looks at signals again.
 const SLICE: Duration = Duration::from_millis(100);
 
-/// The scope a turn's lease counts against: its tenant when the limit has per-tenant slices,
-/// else none (no per-tenant bookkeeping in Redis).
+/// The scope a turn's lease counts against: its tenant when the limit has per-tenant slices
+/// or shares its classes fairly among tenants, else none (no per-tenant bookkeeping in Redis).
 pub fn lease_scope(fleet: &PyFleetLimit, session: &str) -> Arc<str> {
-    if fleet.config().max_in_flight_per_scope > 0 {
+    // The protocol object holds the gate's classes (rebuilt with them after a fork).
+    let fair = fleet.limit().is_ok_and(|l| l.classes().is_fair());
+    if fleet.config().max_in_flight_per_scope > 0 || fair {
         Arc::from(session)
     } else {
         Arc::from("")
@@ -164,12 +166,13 @@ pub fn lease_future<'py>(
     py: Python<'py>,
     fleet: &PyFleetLimit,
     scope: Arc<str>,
+    class: Option<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let limit = fleet.limit()?;
     let epoch = runtime::epoch();
     let retry = fleet.config().probe_interval;
     runtime::future_into_py(py, async move {
-        Ok(match limit.acquire(&scope).await {
+        Ok(match limit.acquire_in(&scope, class).await {
             Ok(lease) => Outcome::Lease(PyFleetLease::new(lease, epoch, None)),
             Err(_) => Outcome::Failed(FleetError::Unavailable, retry),
         })
@@ -198,6 +201,7 @@ pub fn acquire_blocking(
     py: Python<'_>,
     fleet: &PyFleetLimit,
     scope: Arc<str>,
+    class: Option<usize>,
     deadline: Option<(Duration, Rejection)>,
     interrupt: &Interrupt,
 ) -> PyResult<Result<Lease, Blocked>> {
@@ -207,7 +211,7 @@ pub fn acquire_blocking(
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let task = handle.spawn(async move {
         // A receiver gone (the wait gave up) drops the result here: a lease goes back.
-        let _ = tx.send(limit.acquire(&scope).await);
+        let _ = tx.send(limit.acquire_in(&scope, class).await);
     });
     let mut rx = rx;
     loop {

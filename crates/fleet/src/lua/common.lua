@@ -12,6 +12,29 @@
 -- ARGV[2] channel on which granted ticket ids are published
 -- ARGV[3] the calling replica instance ("<replica_id>#<nonce>"), ARGV[4] how long its tickets
 --         may get room after it last queued or renewed one (ms)
+-- ARGV[5] the caller's priority classes as the scripts use them: "" (none: one FIFO class,
+--         exactly the protocol without classes), or "<fair> <min_0> <max_0> <min_1> <max_1> ..."
+--         (fair 1: fair queuing across tenants within each class; shares most important first)
+-- ARGV[6] the caller's class configuration's identity (names, shares, fairness; "plain" without
+--         classes): the fleet's is kept in "{key}:conf", and a caller whose identity differs
+--         is refused new leases (acquire's code 5). Each script's own arguments start at ARGV[7].
+--
+-- Priority classes (see crates/fleet/src/classes.rs for the design and why): a ticket's class is
+-- the number after the last ':' of its id ("<replica_id>#<nonce>#<n>:<class>"), so a release,
+-- a heartbeat or a claim names it without another argument. With classes:
+--   * "{key}:cls:<c>" holds class c's leases (as holders: id -> expiry), so a crashed
+--     replica's leases leave their class's count when they expire, as they leave the total;
+--   * a lane is "<instance>|<c>|<scope>", its heads set "{key}:heads:<cap>|<c>", and
+--     "{key}:classes" holds the members "<cap>|<c>" scored by cap;
+--   * the heads are scored by arrival (FIFO within the class), or, with fair queuing, by the
+--     lane's virtual start: max(the class's virtual time "{key}:vt"[c], the tenant's finish
+--     "{key}:ftag:<c>"[scope]); "{key}:flow:<c>:<scope>" holds the tenant's lanes (one per
+--     replica instance) so a grant moves all of them on together;
+--   * a grant serves the first class (most important first) below its guarantee with a
+--     runnable ticket, else the first class with one; a class at its max_share cap is skipped.
+--     Guarantee and cap are slots of the room the ticket's replica sees (its cap, or the
+--     learned limit below it): floor(min_share * room), at least 1 when min_share > 0;
+--     floor(max_share * room), at least 1.
 --
 -- Derived keys: "{key}:scope:<scope>" (a tenant's holders, as holders), "{key}:lane:<lane>"
 -- (a lane's tickets by arrival; a lane is one replica instance's tickets of one scope, so all
@@ -33,6 +56,22 @@
 local holders, tickets, ticket_expiry, ticket_info, borrowed_key, granted, replicas, classes =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix, channel, caller, presence_ms = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local conf_id = ARGV[6]
+-- The caller's classes: ncls 0 without any. Shares are indexed from 1 (class c is c + 1).
+local ncls, fair, min_shares, max_shares = 0, false, {}, {}
+do
+  local words = {}
+  for word in string.gmatch(ARGV[5], '%S+') do
+    words[#words + 1] = tonumber(word) or 0
+  end
+  if #words >= 3 then
+    fair = words[1] == 1
+    ncls = math.floor((#words - 1) / 2)
+    for c = 1, ncls do
+      min_shares[c], max_shares[c] = words[2 * c], words[2 * c + 1]
+    end
+  end
+end
 local scope_prefix = prefix .. 'scope:'
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -69,9 +108,124 @@ local function keep(key, ttl)
   end
 end
 
--- "<replica_id>#<nonce>" of an id "<replica_id>#<nonce>#<n>" (replica ids have no '#').
+-- "<replica_id>#<nonce>" of an id "<replica_id>#<nonce>#<n>[:<class>]" (replica ids have no
+-- '#').
 local function instance_of(id)
   return string.match(id, '^(.*)#') or ''
+end
+
+-- The class of an id (a number below ncls), or nil in a fleet without classes.
+local function class_of(id)
+  if ncls == 0 then
+    return nil
+  end
+  local c = tonumber(string.match(id, '#%d+:(%d+)$') or '')
+  if c == nil or c >= ncls then
+    return nil
+  end
+  return c
+end
+
+local conf_key = prefix .. 'conf'
+-- Whether the fleet's class configuration is the caller's. None stored (the first replica, or
+-- every replica of the last one gone for longer than its keys live): the caller's is adopted.
+-- Kept as long as the keys of a replica that agrees with it.
+local function conf_agrees(ttl)
+  local stored = redis.call('GET', conf_key)
+  if stored == false then
+    redis.call('SET', conf_key, conf_id, 'PX', ttl + KEY_MARGIN_MS)
+    return true
+  end
+  if stored ~= conf_id then
+    return false
+  end
+  keep(conf_key, ttl)
+  return true
+end
+
+-- Slots of `room` a class's share comes to (the core's rule: floor, forgiving float rounding).
+local function share_slots(share, room)
+  return math.min(room, math.floor(share * room + 1e-9))
+end
+
+local function class_guarantee(c, room)
+  local share = min_shares[c + 1]
+  local slots = share_slots(share, room)
+  if slots == 0 and share > 0 then
+    return 1
+  end
+  return slots
+end
+
+local function class_cap(c, room)
+  return math.max(1, share_slots(max_shares[c + 1], room))
+end
+
+-- Live holders of class c, pruned on first use and then kept up to date in this call.
+local class_counts = {}
+local function class_count(c)
+  local n = class_counts[c]
+  if n == nil then
+    local key = prefix .. 'cls:' .. c
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    n = redis.call('ZCARD', key)
+    class_counts[c] = n
+  end
+  return n
+end
+
+-- Whether a turn of class c (nil: no classes) may take room under `cap`: its class below its
+-- max_share cap of that room.
+local function class_has_room(c, cap)
+  return c == nil or class_count(c) < class_cap(c, room_under(cap))
+end
+
+local function lane_name(instance, c, scope)
+  if c == nil then
+    return instance .. '|' .. scope
+  end
+  return instance .. '|' .. c .. '|' .. scope
+end
+
+-- instance, class (nil without classes), scope of a lane.
+local function lane_parts(lane)
+  if ncls == 0 then
+    local instance, scope = string.match(lane, '^([^|]*)|(.*)$')
+    return instance, nil, scope
+  end
+  local instance, c, scope = string.match(lane, '^([^|]*)|(%d+)|(.*)$')
+  return instance, tonumber(c), scope
+end
+
+-- The member of "{key}:classes" (and suffix of its heads key) for a cap and a class.
+local function member_of(cap, c)
+  if c == nil then
+    return tostring(cap)
+  end
+  return cap .. '|' .. c
+end
+
+local function member_parts(member)
+  local cap, c = string.match(member, '^(%d+)|?(%d*)$')
+  return cap, tonumber(c)
+end
+
+local vt_key = prefix .. 'vt'
+local function ftag_key(c)
+  return prefix .. 'ftag:' .. c
+end
+local function flow_key(c, scope)
+  return prefix .. 'flow:' .. c .. ':' .. scope
+end
+
+-- Where a lane stands in its heads: its head's arrival, or with fair queuing its virtual start.
+local function lane_score(c, scope, head_arrival)
+  if c == nil or not fair then
+    return head_arrival
+  end
+  local v = tonumber(redis.call('HGET', vt_key, c) or '0') or 0
+  local f = tonumber(redis.call('HGET', ftag_key(c), scope) or '0') or 0
+  return math.max(v, f)
 end
 
 local function present(instance)
@@ -79,16 +233,31 @@ local function present(instance)
   return until_ms ~= false and tonumber(until_ms) > now
 end
 
+-- "<cap> <ttl_ms> <slice> <claim_ms> <scope>" without classes (the format of the releases
+-- before classes, so plain replicas of both read each other's tickets during a rolling
+-- upgrade), "<cap> <ttl_ms> <slice> <claim_ms> @<class>,<step> <scope>" with them (step: how
+-- far the tenant's virtual time moves per turn it starts, under fair queuing).
 local function parse_info(info)
   if not info then
     return nil
   end
-  local cap, ttl, slice, claim, scope = string.match(info, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
+  local cap, ttl, slice, claim, c, step, scope
+  if ncls > 0 then
+    cap, ttl, slice, claim, c, step, scope =
+      string.match(info, '^(%d+) (%d+) (%d+) (%d+) @(%d+),(%d+) (.*)$')
+  end
   if cap == nil then
-    return nil
+    cap, ttl, slice, claim, scope = string.match(info, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
+    if cap == nil then
+      return nil
+    end
+  end
+  c = tonumber(c)
+  if c ~= nil and c >= ncls then
+    c = nil
   end
   return {cap = cap, ttl = tonumber(ttl), slice = tonumber(slice), claim = tonumber(claim),
-          scope = scope}
+          class = c, step = tonumber(step) or 0, scope = scope}
 end
 
 local function lane_key(lane)
@@ -99,20 +268,37 @@ local function heads_key(cap)
   return prefix .. 'heads:' .. cap
 end
 
--- Puts the lane's oldest ticket (or nothing, when it is empty) in its cap's heads.
+-- Puts the lane's oldest ticket (or nothing, when it is empty) in its cap's (and class's) heads.
 local function relink(lane, cap, ttl)
-  local heads = heads_key(cap)
+  local _, c, scope = lane_parts(lane)
+  local member = member_of(cap, c)
+  local heads = heads_key(member)
   local head = redis.call('ZRANGE', lane_key(lane), 0, 0, 'WITHSCORES')
+  local flow = fair and c ~= nil and flow_key(c, scope)
   if #head == 0 then
     redis.call('ZREM', heads, lane)
     if redis.call('ZCARD', heads) == 0 then
-      redis.call('ZREM', classes, cap)
+      redis.call('ZREM', classes, member)
+    end
+    if flow then
+      redis.call('SREM', flow, lane)
+      if redis.call('EXISTS', flow) == 0 then
+        -- The tenant has nothing waiting in this class: its finish goes (it banks no credit,
+        -- and owes at most one turn's step, which is forgiven).
+        redis.call('HDEL', ftag_key(c), scope)
+      end
     end
   else
-    redis.call('ZADD', heads, head[2], lane)
-    redis.call('ZADD', classes, cap, cap)
+    redis.call('ZADD', heads, lane_score(c, scope, head[2]), lane)
+    redis.call('ZADD', classes, cap, member)
     keep(heads, ttl)
     keep(classes, ttl)
+    if flow then
+      redis.call('SADD', flow, lane)
+      keep(flow, ttl)
+      keep(ftag_key(c), ttl)
+      keep(vt_key, ttl)
+    end
   end
 end
 
@@ -156,6 +342,15 @@ end
 local function add_holder(id, scope, ttl)
   redis.call('ZADD', holders, now + ttl, id)
   keep(holders, ttl)
+  local c = class_of(id)
+  if c ~= nil then
+    local key = prefix .. 'cls:' .. c
+    local added = redis.call('ZADD', key, now + ttl, id)
+    keep(key, ttl)
+    if class_counts[c] ~= nil then
+      class_counts[c] = class_counts[c] + added
+    end
+  end
   if scope ~= '' then
     local key = scope_prefix .. scope
     local added = redis.call('ZADD', key, now + ttl, id)
@@ -175,6 +370,13 @@ end
 local function remove_holder(id, scope)
   local removed = redis.call('ZREM', holders, id)
   redis.call('ZREM', granted, id)
+  local c = class_of(id)
+  if c ~= nil then
+    local gone = redis.call('ZREM', prefix .. 'cls:' .. c, id)
+    if class_counts[c] ~= nil then
+      class_counts[c] = class_counts[c] - gone
+    end
+  end
   if scope ~= '' then
     local gone = redis.call('ZREM', scope_prefix .. scope, id)
     if scope_counts[scope] ~= nil then
@@ -191,7 +393,7 @@ local function drop_ticket(id)
   redis.call('ZREM', ticket_expiry, id)
   redis.call('HDEL', ticket_info, id)
   if info then
-    local lane = instance_of(id) .. '|' .. info.scope
+    local lane = lane_name(instance_of(id), info.class, info.scope)
     redis.call('ZREM', lane_key(lane), id)
     relink(lane, info.cap, info.ttl)
   end
@@ -205,12 +407,18 @@ local function renew_presence()
   keep(replicas, presence_ms)
 end
 
-local function add_ticket(id, arrival, cap, ttl, slice, claim, scope)
-  local lane = instance_of(id) .. '|' .. scope
+local function add_ticket(id, arrival, cap, ttl, slice, claim, scope, step)
+  local c = class_of(id)
+  local lane = lane_name(instance_of(id), c, scope)
   renew_presence()
   redis.call('ZADD', tickets, arrival, id)
   redis.call('ZADD', ticket_expiry, now + ttl, id)
-  redis.call('HSET', ticket_info, id, cap .. ' ' .. ttl .. ' ' .. slice .. ' ' .. claim .. ' ' .. scope)
+  local classed = ''
+  if c ~= nil then
+    classed = '@' .. c .. ',' .. (tonumber(step) or 0) .. ' '
+  end
+  redis.call('HSET', ticket_info, id,
+    cap .. ' ' .. ttl .. ' ' .. slice .. ' ' .. claim .. ' ' .. classed .. scope)
   redis.call('ZADD', lane_key(lane), arrival, id)
   keep(tickets, ttl)
   keep(ticket_expiry, ttl)
@@ -235,27 +443,28 @@ local function prune()
   end
 end
 
--- The oldest lane of `cap` whose head can run (its replica present, its tenant below its
--- slice) and is older than `before` (an arrival, or nil), as lane, arrival. Lanes of absent
--- replicas leave the heads (put back when their replica calls again); lanes at their slice are
--- skipped and remembered in `blocked` for the rest of the call.
-local function first_runnable(cap, before, blocked)
-  local heads = heads_key(cap)
+-- The first lane of the heads `member` ("<cap>" or "<cap>|<class>") whose head can run (its
+-- replica present, its tenant below its slice) and stands before `before` (a score, or nil),
+-- as lane, score. Lanes of absent replicas leave the heads (put back when their replica calls
+-- again); lanes at their slice are skipped and remembered in `blocked` for the rest of the call.
+local function first_runnable(member, before, blocked)
+  local heads = heads_key(member)
+  local cap = member_parts(member)
   local k = 0
   while true do
     local entry = redis.call('ZRANGE', heads, k, k, 'WITHSCORES')
     if #entry == 0 then
       return nil
     end
-    local lane, arrival = entry[1], tonumber(entry[2])
-    if before ~= nil and arrival >= before then
+    local lane, score = entry[1], tonumber(entry[2])
+    if before ~= nil and score >= before then
       return nil
     end
-    local instance, scope = string.match(lane, '^([^|]*)|(.*)$')
+    local instance, _, scope = lane_parts(lane)
     if instance == nil or not present(instance) then
       redis.call('ZREM', heads, lane)
       if redis.call('ZCARD', heads) == 0 then
-        redis.call('ZREM', classes, cap)
+        redis.call('ZREM', classes, member)
       end
     elseif blocked[lane] then
       k = k + 1
@@ -271,7 +480,7 @@ local function first_runnable(cap, before, blocked)
         redis.call('ZREM', ticket_expiry, head[1])
         relink(lane, cap, KEY_MARGIN_MS)
       elseif scope_has_room(scope, info.slice) then
-        return lane, arrival
+        return lane, score
       else
         blocked[lane] = true
         k = k + 1
@@ -280,32 +489,115 @@ local function first_runnable(cap, before, blocked)
   end
 end
 
--- Free room goes to the oldest tickets whose turns can run: each under its own replica's cap
--- (only the classes of caps above the holder count are looked at), its tenant below its slice,
--- its replica present. A ticket that cannot run is skipped, not dropped. A granted ticket
--- becomes a lease (lease id = ticket id) that expires after its claim window unless its
--- replica claims it; granted ids are published, space-separated.
+-- The lane to serve next without classes: the oldest runnable head under the caps above the
+-- holder count.
+local function next_plain(members, blocked)
+  local best_lane, best_arrival
+  for _, member in ipairs(members) do
+    local lane, arrival = first_runnable(member, best_arrival, blocked)
+    if lane ~= nil then
+      best_lane, best_arrival = lane, arrival
+    end
+  end
+  return best_lane
+end
+
+-- The lane to serve next with classes: each class's first runnable head (lowest score) under
+-- the caps above the holder count, for the classes below their max_share cap of that room;
+-- then the most important class below its guarantee, else the most important class.
+local function next_classed(members, blocked)
+  local best = {}
+  for _, member in ipairs(members) do
+    local cap, c = member_parts(member)
+    if c ~= nil and c < ncls then
+      local room = room_under(cap)
+      if class_count(c) < class_cap(c, room) then
+        local current = best[c]
+        local lane, score = first_runnable(member, current and current.score, blocked)
+        if lane ~= nil then
+          best[c] = {lane = lane, score = score, room = room}
+        end
+      end
+    end
+  end
+  for c = 0, ncls - 1 do
+    local pick = best[c]
+    if pick ~= nil and class_count(c) < class_guarantee(c, pick.room) then
+      return pick.lane, c, pick.score
+    end
+  end
+  for c = 0, ncls - 1 do
+    local pick = best[c]
+    if pick ~= nil then
+      return pick.lane, c, pick.score
+    end
+  end
+  return nil
+end
+
+-- Fair queuing: class c serves a turn of `scope` whose lane stood at virtual time `start`: the
+-- class's virtual time becomes it, the tenant's next turn starts `step` later, and the tenant's
+-- other lanes (its tickets on other replicas) move to that start too. A lane that stood behind
+-- the class's virtual time (its tenant was at its slice while others were served) starts at
+-- the class's virtual time: it catches up one turn at most, banking no credit for the wait.
+local function advance(c, scope, start, step, served_lane)
+  local v = tonumber(redis.call('HGET', vt_key, c) or '0') or 0
+  if start > v then
+    redis.call('HSET', vt_key, c, string.format('%.0f', start))
+  else
+    start = v
+  end
+  redis.call('HSET', ftag_key(c), scope, string.format('%.0f', start + step))
+  for _, lane in ipairs(redis.call('SMEMBERS', flow_key(c, scope))) do
+    if lane ~= served_lane and present(lane_parts(lane)) then
+      local head = redis.call('ZRANGE', lane_key(lane), 0, 0)
+      local info = head[1] and parse_info(redis.call('HGET', ticket_info, head[1]))
+      if info then
+        relink(lane, info.cap, info.ttl)
+      end
+    end
+  end
+end
+
+-- Free room goes to the tickets whose turns can run: each under its own replica's cap (only
+-- the heads of caps above the holder count are looked at), its tenant below its slice, its
+-- replica present, its class below its max_share cap. Without classes the oldest such ticket
+-- goes first; with classes the class is chosen first (next_classed), then within it the
+-- oldest ticket or, with fair queuing, the tenant with the lowest virtual start. A ticket that
+-- cannot run is skipped, not dropped. A granted ticket becomes a lease (lease id = ticket id)
+-- that expires after its claim window unless its replica claims it; granted ids are
+-- published, space-separated.
 local function grant_waiting()
+  local stored_conf = redis.call('GET', conf_key)
+  if stored_conf ~= false and stored_conf ~= conf_id then
+    -- The fleet orders its tickets by another class configuration than the caller's: the
+    -- caller's shares must not decide (a replica that agrees grants at its next call).
+    return
+  end
   local total = redis.call('ZCARD', holders)
   local given = {}
   local blocked = {}
   while learned_limit == 0 or total < learned_limit do
-    local best_lane, best_arrival
-    for _, cap in ipairs(redis.call('ZRANGEBYSCORE', classes, '(' .. total, '+inf')) do
-      local lane, arrival = first_runnable(cap, best_arrival, blocked)
-      if lane ~= nil then
-        best_lane, best_arrival = lane, arrival
-      end
+    local members = redis.call('ZRANGEBYSCORE', classes, '(' .. total, '+inf')
+    local lane, c, score
+    if ncls == 0 then
+      lane = next_plain(members, blocked)
+    else
+      lane, c, score = next_classed(members, blocked)
     end
-    if best_lane == nil then
+    if lane == nil then
       break
     end
-    local id = redis.call('ZRANGE', lane_key(best_lane), 0, 0)[1]
+    local id = redis.call('ZRANGE', lane_key(lane), 0, 0)[1]
     local info = parse_info(redis.call('HGET', ticket_info, id))
     local expiry = redis.call('ZSCORE', ticket_expiry, id)
-    drop_ticket(id)
     -- An expired ticket (its replica stopped renewing it) is dropped, not granted.
-    if info and expiry and tonumber(expiry) > now then
+    local live = info and expiry and tonumber(expiry) > now
+    if live and fair and c ~= nil then
+      advance(c, info.scope, score, info.step, lane)
+    end
+    drop_ticket(id)
+    if live then
       add_holder(id, info.scope, info.claim)
       redis.call('ZADD', granted, now + info.claim, id)
       keep(granted, info.claim)

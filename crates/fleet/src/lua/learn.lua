@@ -1,8 +1,9 @@
 -- Move the fleet's learned limit (the controller runs in each replica, in Rust: learned.rs; this
 -- script only applies a proposal, so that concurrent proposals from every replica compose).
--- ARGV: 5 op ('seed', 'lower' or 'raise'), 6 the proposed limit, 7 the generation the proposer last
--- saw, 8 min_limit, 9 max_limit (the proposer's max_in_flight), 10 spacing_us, 11 hold_us (a
--- provider's Retry-After the proposer saw, 0: none).
+-- ARGV: 7 op ('seed', 'lower' or 'raise'), 8 the proposed limit, 9 the generation the proposer last
+-- saw, 10 min_limit, 11 max_limit (the proposer's max_in_flight), 12 spacing_us, 13 hold_us (a
+-- provider's Retry-After the proposer saw, 0: none). With classes, the guarantees are slots of
+-- the learned limit, so a move here moves them at the next grant.
 -- Rules, and why they are all the Lua there is:
 --   none yet (first proposal, or Redis restarted): the proposal seeds it, its generation the
 --     server time in us, above every generation of before, so no replica mistakes it for old;
@@ -18,9 +19,9 @@
 --     word to the whole fleet, so it is kept here, beside the value, by the server's clock.
 -- A value that is not a whole number >= 1 (tampered with) counts as none: it is seeded anew.
 -- A raise gives the new room to waiting tickets at once. Returns the status (6 values).
-local op, value, base_gen = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local min_limit, max_limit, spacing = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local hold = tonumber(ARGV[11]) or 0
+local op, value, base_gen = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+local min_limit, max_limit, spacing = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local hold = tonumber(ARGV[13]) or 0
 
 value = math.max(min_limit, math.min(max_limit, value))
 local current = redis.call('HMGET', learned_key, 'limit', 'gen', 'at_us', 'hold_us')

@@ -1,11 +1,11 @@
 -- Resume a turn that lent its lease while a person decided: take a lease if there is room,
 -- otherwise borrow one (add it over the cap and count it in `borrowed`; the next departure of
--- any holder repays it instead of freeing room). Never queues. ARGV: 5 id, 6 scope, 7 cap,
--- 8 slice, 9 ttl_ms.
+-- any holder repays it instead of freeing room). Never queues. ARGV: 7 id, 8 scope, 9 cap,
+-- 10 slice, 11 ttl_ms. A class's caps do not apply: the turn was running already.
 -- Returns {status (6 values), code}: code 1 taken, 3 borrowed over the fleet
 -- cap, 4 over the tenant's slice only (repaid by that tenant's next release).
-local id, scope = ARGV[5], ARGV[6]
-local cap, slice, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local id, scope = ARGV[7], ARGV[8]
+local cap, slice, ttl = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 
 prune()
 grant_waiting()
