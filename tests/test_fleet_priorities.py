@@ -127,11 +127,13 @@ def test_three_replicas_two_classes_a_burst_100x_the_cap_hold_each_share(
     assert all(s[3] <= CAP for s in samples), max(s[3] for s in samples)
     assert all(s[1] + s[2] == s[3] for s in samples), "every lease is counted in its class"
     # The leases taken before the other class queued run to their end (free room is lent;
-    # running turns are never cancelled): shares are checked once CAP turns have started after
-    # the first sample.
+    # running turns are never cancelled): shares are checked once both classes have queued
+    # (each class's first start shows it had: the replicas send one class's burst, then the
+    # other's) and CAP more turns have started since.
     first = samples[0][0]
+    both_queued = max(min(started["interactive"]), min(started["batch"]), first)
     settled = sorted(started["interactive"] + started["batch"])
-    settled_at = [t for t in settled if t > first][CAP]
+    settled_at = [t for t in settled if t > both_queued][CAP]
 
     def waiting(name: str, at: float) -> int:
         return total - sum(1 for t in started[name] if t <= at)
