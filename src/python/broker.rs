@@ -423,6 +423,8 @@ pub fn serve_broker(
             send_timeout: number("send_timeout", &send_timeout)?,
             readiness_path: text("readiness_path", &readiness_path)?,
             config: path("config", &config)?,
+            // Priority classes come from the config file (`priorities:`), as flags have them.
+            priorities: Default::default(),
             naming: Naming::Keywords, // messages name serve()'s keywords
         };
         let config = Config::resolve(flags).map_err(|e| PyValueError::new_err(e.to_string()))?;

@@ -48,6 +48,7 @@ pub mod headers;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod priority;
 pub mod proxy;
 pub mod readiness;
 pub mod refusal;
@@ -116,6 +117,11 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
         fleet,
         resource,
     });
+    if let Some(order) = config.priority.order.clone() {
+        passage
+            .set_order(order)
+            .map_err(|e| Error::Settings(e.to_string()))?;
+    }
     proxy::Broker::new(config, passage)
         .map(Arc::new)
         .map_err(Error::Start)

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 use crate::proxy::Broker;
 use crate::readiness;
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
@@ -296,6 +296,7 @@ pub fn render(broker: &Broker) -> String {
             f.topology
         );
     }
+    crate::priority::render_metrics(&mut out, passage, &broker.classes);
     out
 }
 

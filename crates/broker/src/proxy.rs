@@ -52,6 +52,7 @@ use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
+use crate::priority::ClassPicker;
 use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
 
@@ -73,6 +74,8 @@ pub struct Broker {
     pub rules: Rules,
     pub transports: TransportIds,
     pub refusals: RefusalLog,
+    /// Each gated request's priority class (`--priority-from`).
+    pub classes: ClassPicker,
     http1: Client<HttpConnector, Replayed>,
     http2: Client<HttpConnector, Replayed>,
     /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
@@ -139,6 +142,7 @@ impl Broker {
             rules,
             transports,
             refusals: RefusalLog::default(),
+            classes: ClassPicker::new(&config.priority),
             upstream_health: UpstreamHealth::default(),
             passage,
             config,
@@ -292,8 +296,9 @@ impl Broker {
                     Err(_elapsed) => return Ok(body_timed_out()),
                 };
                 let tenant = self.tenant(&parts.headers, route_tenant);
+                let class = self.classes.pick(&parts.headers, &tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
-                match self.passage.admit_by(&tenant, tid, deadline).await {
+                match self.passage.admit_in(&tenant, class, tid, deadline).await {
                     Ok(permit) => {
                         // What is left of a longer body must come within the same time.
                         if let Some(by) = tokio::time::Instant::now()
@@ -328,8 +333,12 @@ impl Broker {
                             in_flight,
                             limit,
                         );
-                        let mut response =
-                            refusal::respond(&shape, refused.reason, refused.retry_after);
+                        let mut response = refusal::respond_in(
+                            &shape,
+                            refused.reason,
+                            refused.retry_after,
+                            self.classes.name(class),
+                        );
                         if parts.version < Version::HTTP_2 && !drain(body).await {
                             // Say so rather than let a client reuse a connection that closes.
                             response

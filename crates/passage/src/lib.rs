@@ -86,8 +86,8 @@ use admitgate_fleet::FleetLimit;
 use tokio::sync::{oneshot, watch};
 
 use core_api::{
-    ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered, Rejection, Stats,
-    TransportId, Transports, Waker, Wakes,
+    ClassId, ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered,
+    Rejection, Stats, TransportId, Transports, Waker, Wakes,
 };
 pub use lease::{LeaseRuntime, TokioRuntime, TurnLease};
 use turn::{Arrived, Claimed, Lane, Report, WaitEnd};
@@ -207,6 +207,24 @@ impl Passage {
         self.gate.stats(|| self.now())
     }
 
+    /// Sets the queue's order: priority classes with shares, fair queuing across tenants
+    /// (see the core's `queue` module). Before any turn arrives; afterwards only the shares
+    /// may change.
+    pub fn set_order(&self, order: core_api::Order) -> Result<(), core_api::PriorityError> {
+        run(self.gate.set_order(order)?);
+        Ok(())
+    }
+
+    /// The classes the queue serves, most important first, and the default one.
+    pub fn priorities(&self) -> core_api::Priorities {
+        self.gate.order().priorities
+    }
+
+    /// The gate's counters and each class's, read together so they add up.
+    pub fn stats_and_classes(&self) -> (Stats, Vec<core_api::ClassStats>) {
+        self.gate.stats_and_classes(|| self.now())
+    }
+
     /// How long turns that queued waited before they were admitted.
     pub fn queue_wait(&self) -> core_api::HistogramSnapshot {
         self.gate.queue_wait()
@@ -264,6 +282,19 @@ impl Passage {
         transport: TransportId,
         deadline: Option<Instant>,
     ) -> Result<Permit, Refused> {
+        self.admit_in(scope, ClassId::DEFAULT, transport, deadline)
+            .await
+    }
+
+    /// [`Passage::admit_by`] for a turn of priority class `class` ([`ClassId::DEFAULT`]: the
+    /// default class; a position past the last class is the default class too).
+    pub async fn admit_in(
+        self: &Arc<Self>,
+        scope: &str,
+        class: ClassId,
+        transport: TransportId,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Refused> {
         // On the passage's clock, as the core takes time.
         let timeout_at = self
             .queue_timeout
@@ -279,6 +310,7 @@ impl Passage {
             passage: self,
             turn: Turn::new(transport, self.fleet.is_some()),
         };
+        turn.turn.set_class(class);
         let _ = turn.turn.begin(&**self);
         let (arrived, wakes) =
             turn.turn
