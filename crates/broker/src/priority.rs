@@ -377,6 +377,9 @@ impl ClassPicker {
     }
 }
 
+/// One per-class metric family: name, type, help, and its value for a class.
+type Family = (&'static str, &'static str, &'static str, fn(&ClassStats) -> u64);
+
 /// The per-class metric families, on a broker with classes (none without: its exposition
 /// stays as it was). Families of their own (`broker_class_*`) rather than a `class` label on
 /// `broker_inflight_requests`, whose `transport` series already add up to the whole: a sum
@@ -388,7 +391,7 @@ pub fn render_metrics(out: &mut String, passage: &Passage, picker: &ClassPicker)
         return;
     }
     let (_, classes) = passage.stats_and_classes();
-    let families: [(&str, &str, &str, fn(&ClassStats) -> u64); 7] = [
+    let families: [Family; 7] = [
         (
             "broker_class_inflight_requests",
             "gauge",
