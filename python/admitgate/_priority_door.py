@@ -107,6 +107,11 @@ class PriorityDoor:
         _count(self._gate, 0 if not name else 1)
         return None
 
+    def of(self, value: Any) -> str | None:
+        """The class the callable gives for ``value`` (a session id, for BotOS)."""
+        assert self._call is not None
+        return self._checked(self._call(value))
+
     def from_scope(self, scope: Any) -> str | None:
         """The class of the ASGI request ``scope`` (``None``: the default class)."""
         if self._call is not None:
