@@ -90,9 +90,7 @@ def test_a_sessions_turns_run_first_and_a_refusal_names_its_class() -> None:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=16))
 
         def turn(user: str, prompt: str, chat: str) -> Any:
-            return asyncio.create_task(
-                manager.chat(StandIn(board), user, prompt, chat_id=chat)
-            )
+            return asyncio.create_task(manager.chat(StandIn(board), user, prompt, chat_id=chat))
 
         turns = [turn(f"u{i}", f"c{i}", f"lounge{i}") for i in range(4)]
         await until(lambda: gate.stats()["queued"] == 2)
