@@ -378,7 +378,12 @@ impl ClassPicker {
 }
 
 /// One per-class metric family: name, type, help, and its value for a class.
-type Family = (&'static str, &'static str, &'static str, fn(&ClassStats) -> u64);
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ClassStats) -> u64,
+);
 
 /// The per-class metric families, on a broker with classes (none without: its exposition
 /// stays as it was). Families of their own (`broker_class_*`) rather than a `class` label on
