@@ -366,4 +366,46 @@ mod tests {
         assert_eq!(r.headers()["grpc-retry-pushback-ms"], "2");
         assert_eq!(base64(b"abcd"), "YWJjZA");
     }
+
+    /// A broker with classes names the refused request's class in every shape; one without
+    /// answers byte for byte as before.
+    #[test]
+    fn refusals_name_the_class() {
+        let r = respond_in(
+            &Shape::JsonRpc(Some(RpcId::Int("3".into()))),
+            Rejection::Shed,
+            None,
+            Some("batch"),
+        );
+        assert!(std::str::from_utf8(r.body()).unwrap().ends_with(
+            "\"data\":{\"reason\":\"shed\",\"retryAfter\":null,\"priority\":\"batch\"}}}"
+        ));
+        let r = respond_in(
+            &Shape::Rest,
+            Rejection::QueueFull,
+            Some(Duration::from_secs(2)),
+            Some("batch"),
+        );
+        let body = std::str::from_utf8(r.body()).unwrap();
+        assert!(
+            body.contains("\"metadata\":{\"reason\":\"queue_full\",\"retryAfter\":\"2\",\"priority\":\"batch\"}},{\"@type\""),
+            "{body}"
+        );
+        let r = respond_in(&Shape::Grpc, Rejection::QueueFull, None, Some("batch"));
+        assert_eq!(r.headers()[PRIORITY_KEY], "batch");
+        let details = status_details(8, "queue_full", None, Some("batch"));
+        assert!(details.windows(8).any(|w| w == b"priority"));
+        for shape in [Shape::Rest, Shape::Grpc, Shape::JsonRpc(None)] {
+            let before = respond(&shape, Rejection::Timeout, Some(Duration::from_secs(1)));
+            let after = respond_in(
+                &shape,
+                Rejection::Timeout,
+                Some(Duration::from_secs(1)),
+                None,
+            );
+            assert_eq!(before.body(), after.body());
+            assert_eq!(before.headers(), after.headers());
+            assert!(after.headers().get(PRIORITY_KEY).is_none());
+        }
+    }
 }
