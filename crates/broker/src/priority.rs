@@ -598,6 +598,23 @@ mod tests {
         assert_eq!(picker.pick(&headers, ""), ClassId(1));
         assert_eq!(picker.defaulted(), (1, 2));
         assert_eq!(picker.name(ClassId(0)), Some("hi"));
+        let by_tenant = ClassPicker::new(
+            &settings(&[
+                "--priority",
+                "gold",
+                "--priority",
+                "free",
+                "--priority-from",
+                "tenant",
+                "--tenant-from",
+                "header:x-tenant",
+            ])
+            .unwrap(),
+        );
+        assert_eq!(by_tenant.pick(&headers, "gold"), ClassId(0));
+        assert_eq!(by_tenant.pick(&headers, "acme"), ClassId(1));
+        assert_eq!(by_tenant.pick(&headers, ""), ClassId(1));
+        assert_eq!(by_tenant.defaulted(), (1, 1));
         let plain = ClassPicker::new(&PrioritySettings::default());
         assert_eq!(plain.pick(&headers, ""), ClassId::DEFAULT);
         assert_eq!(plain.name(ClassId::DEFAULT), None);
