@@ -60,7 +60,7 @@ class PriorityDoor:
     callable.
     """
 
-    __slots__ = ("_gate", "_known", "_key", "_call", "argument")
+    __slots__ = ("_gate", "_known", "_key", "_header", "_call", "argument")
 
     def __init__(self, gate: Any, priority: object, *, argument: str = "priority") -> None:
         self.argument = argument
@@ -74,6 +74,7 @@ class PriorityDoor:
         # A gate's class names are fixed once it is built (reconfigure changes shares only).
         self._known: frozenset[str] = frozenset(classes)
         self._key: str | None = None
+        self._header = b""
         self._call: Callable[[Any], object] | None = None
         if isinstance(priority, str):
             key = next(
@@ -86,6 +87,7 @@ class PriorityDoor:
                     f"{priority!r}"
                 )
             self._key = key
+            self._header = key.encode()
         elif callable(priority):
             self._call = priority
         else:
@@ -101,6 +103,8 @@ class PriorityDoor:
             return None
         if not isinstance(value, str):
             raise TypeError(f"{self.argument} callable must return a str or None, got {value!r}")
+        if value in self._known:  # the usual case: a known name as sent
+            return value
         name = value.strip()
         if name in self._known:
             return name
@@ -116,7 +120,7 @@ class PriorityDoor:
         """The class of the ASGI request ``scope`` (``None``: the default class)."""
         if self._call is not None:
             return self._checked(self._call(scope))
-        key = self._key.encode() if self._key is not None else b""
+        key = self._header
         for name, value in scope.get("headers") or ():
             if name == key:
                 try:
