@@ -8,17 +8,23 @@ class).
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
+import grpc.aio
 import httpx
 import pytest
 from _a2a_app import A2A_HEADERS, ControlledExecutor, Latches, ServerThread, build_sdk_app
 from _a2a_app import send_params as params
 from _broker import BrokerProcess, build_broker, key, wait_until
+from _grpc_a2a import A2AServer, LoopThread, user_message
+from a2a.types import a2a_pb2_grpc
+from google.rpc import error_details_pb2, status_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -302,3 +308,78 @@ def test_bad_priority_flags_exit_2_with_one_line_naming_them() -> None:
         assert done.returncode == 2, done
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and needle in lines[0], done.stderr
+
+
+def test_grpc_calls_take_their_class_from_metadata_and_refusals_name_it() -> None:
+    """``--priority-from metadata:x-priority`` through the broker to a real grpc.aio A2A
+    server: an interactive call queued behind running batch calls runs first at the next
+    release; a refusal carries the ``admitgate-priority`` trailer and the class in
+    ``grpc-status-details-bin``."""
+    loop = LoopThread()
+    server = A2AServer([])
+    loop.run(server.start())
+    broker = BrokerProcess(
+        build_broker(),
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--grpc-upstream",
+        f"http://{server.target}",
+        "--max-in-flight",
+        "1",
+        "--queue-depth",
+        "1",
+        "--priority",
+        "interactive:min=0.5",
+        "--priority",
+        "batch",
+        "--priority-from",
+        "metadata:x-priority",
+    )
+    executor = server.executor
+
+    def call(stub: Any, text: str, priority: str) -> Any:
+        return stub.SendMessage(
+            user_message(text), metadata=(("x-priority", priority),), timeout=20
+        )
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            running = asyncio.ensure_future(call(stub, "hold:b1", "batch"))
+            await executor.started("b1")
+            waiting = asyncio.ensure_future(call(stub, "hold:b2", "batch"))
+            await asyncio.to_thread(
+                broker.wait_for, 'broker_class_queued_requests{class="batch"}', 1
+            )
+            # The queue (depth 1) holds a batch call: the interactive call sheds it.
+            chat = asyncio.ensure_future(call(stub, "hold:i1", "interactive"))
+            with pytest.raises(grpc.aio.AioRpcError) as shed:
+                await waiting
+            trailers = dict(shed.value.trailing_metadata() or ())
+            assert trailers["admitgate-reason"] == "shed"
+            assert trailers["admitgate-priority"] == "batch"
+            status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+            info = error_details_pb2.ErrorInfo()
+            assert status.details[0].Unpack(info)
+            assert dict(info.metadata) == {"reason": "shed", "priority": "batch"}
+            executor.release("b1")
+            await running
+            await executor.started("i1")
+            executor.release("i1")
+            await chat
+
+    try:
+        loop.run(main(), timeout=30)
+        broker.wait_for('broker_class_inflight_requests{class="interactive"}', 0)
+        m = broker.metrics()
+        assert m['broker_class_admitted_total{class="interactive"}'] == 1
+        assert m['broker_class_shed_total{class="batch"}'] == 1
+        assert m['broker_admitted_total{transport="grpc"}'] == 2
+    finally:
+        loop.run(_release(server))
+        assert broker.stop() == 0
+        loop.run(server.stop())
+
+
+async def _release(server: Any) -> None:
+    server.executor.release_all()
