@@ -383,3 +383,16 @@ def test_grpc_calls_take_their_class_from_metadata_and_refusals_name_it() -> Non
 
 async def _release(server: Any) -> None:
     server.executor.release_all()
+
+
+def test_serve_keywords_take_the_classes_and_name_bad_ones() -> None:
+    import admitgate.broker
+
+    with pytest.raises(
+        TypeError, match=r"priority must be a list of str \(one per class\), got 'a'"
+    ):
+        admitgate.broker.serve(upstream="http://127.0.0.1:9", priority="a")
+    with pytest.raises(ValueError, match=r"^priority: min_share of priority class 'a'"):
+        admitgate.broker.serve(upstream="http://127.0.0.1:9", priority=["a:min=2"])
+    with pytest.raises(ValueError, match=r"^priority_from needs priority classes"):
+        admitgate.broker.serve(upstream="http://127.0.0.1:9", priority_from="header:x")
