@@ -23,6 +23,7 @@ from .memory import bench_memory
 from .memory_aware import bench_memory_aware
 from .overload import bench_overload
 from .priorities import bench_priorities
+from .priorities_cost import bench_priorities_cost
 from .subjects import reference
 from .threads import bench_threads
 from .uncontended import bench_uncontended, bench_uncontended_nobinding
@@ -41,6 +42,7 @@ WORKLOADS: dict[str, Workload] = {
     "adaptive": bench_adaptive,
     "adaptive-cost": bench_adaptive_cost,
     "priorities": bench_priorities,
+    "priorities-cost": bench_priorities_cost,
     "asgi-parsers": bench_asgi_parsers,
     "asgi-jsonrpc": bench_asgi_jsonrpc,
 }

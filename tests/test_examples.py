@@ -73,6 +73,13 @@ ONE_SHOT: dict[str, list[str]] = {
         r'qu="tokens"\nkey-b: 200 \(usage header: not shown\)\nno key: 200',
         r"^allowed 4, limited 1, tokens settled 480$",
     ],
+    "priorities_broker.py": [
+        r"^batch-3: 429 shed \(class batch\)$",
+        r"^chat-1: 200$",
+        r"^the agent ran: batch-1, batch-2, chat-1, batch-4$",
+        r'^broker_priority_defaulted_total\{cause="unknown"\} 1$',
+        r"^broker drained and stopped$",
+    ],
     "fleet.py": [
         r"^20 turns on two replicas, at most [123] at once \(fleet cap 3\)$",
         r"'fleet_backend_up': 1",

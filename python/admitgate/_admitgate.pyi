@@ -918,6 +918,10 @@ def serve_broker(
     abandoned_response_timeout: float | None = None,
     send_timeout: float | None = None,
     readiness_path: str | None = None,
+    priority: Sequence[str] | None = None,
+    default_priority: str | None = None,
+    priority_from: str | None = None,
+    fairness: Literal["tenant", "none"] | None = None,
     config: str | os.PathLike[str] | None = None,
 ) -> None:
     """Runs the broker in this process, in front of ``upstream``, until SIGTERM or SIGINT and
@@ -927,7 +931,8 @@ def serve_broker(
     is ``max_in_flight``; ``admitgate-broker --help`` describes them all); ``None`` leaves a
     setting to the YAML file named by ``config``, then to the default. Addresses are
     ``"IP:port"`` strings; port 0 picks a free port (the ``listening`` log line on stderr
-    says which).
+    says which). ``priority`` is a list, one ``"NAME[:min=F][,max=F]"`` per ``--priority``
+    (most important first).
 
     Returns ``None`` after a drain started by SIGTERM (when its handler was the default).
     A signal handler that raises (SIGINT's default raises ``KeyboardInterrupt``) starts the

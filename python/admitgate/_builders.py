@@ -41,6 +41,8 @@ def build_admission_gate(
     fairness: Any = None,
     tenant_weights: Any = None,
     rate_limit: Any = None,
+    *,
+    _gate_class: type[AdmissionGate] = AdmissionGate,
 ) -> AdmissionGate | None:
     """Build an :class:`AdmissionGate` from configuration, or return ``None``.
 
@@ -85,10 +87,12 @@ def build_admission_gate(
             and not ordered
         ):
             if resource_policy is not None or rate_limit is not None:
-                return AdmissionGate(None, resource_policy=resource_policy, rate_limit=rate_limit)
+                return _gate_class(None, resource_policy=resource_policy, rate_limit=rate_limit)
             return None
         policy = candidate
-    return AdmissionGate(
+    # `_gate_class`: a subclass (admitgate.praisonai's, which picks a turn's class from its
+    # session), built with the same checks.
+    return _gate_class(
         policy,
         resource_policy=resource_policy,
         fleet=fleet,

@@ -140,6 +140,11 @@ REASON_KEY: Final = "admitgate-reason"
 """The HTTP header and gRPC trailer carrying a refusal's reason; its presence marks a refusal
 by a front door, which never reached the agent."""
 
+PRIORITY_KEY: Final = "admitgate-priority"
+"""The gRPC trailer naming a refused call's priority class (on a gate with classes). HTTP
+refusals name it in their bodies: ``data.priority`` of a JSON-RPC error, ``metadata.priority``
+of a REST error's ``ErrorInfo``."""
+
 DEFAULT_STATUSES: Final = (429, "RESOURCE_EXHAUSTED")
 """The HTTP status and gRPC code of a reason missing from ``REJECTION_REASONS`` (an
 ``AdmissionRejected`` raised by user code with ``reason=None``): "try again later"."""

@@ -10,6 +10,13 @@ serve. Prints goodput (turns answered to a client still waiting, over the most t
 could serve), p99 latency, provider 429s, busy acks and the ceiling at the end of each
 capacity phase; ``--png`` draws goodput and the ceiling over time (``admitgate[simulate]``).
 
+With ``--class NAME:share=F[,min=F][,max=F][,patience=S]`` (once per class, most important
+first) the arrivals are several kinds of traffic, each a priority class of your gate with its
+part of the arrivals and its clients' patience, and ``--tenants N`` spreads them over N
+tenants (fair queuing within each class); the table then adds each class's goodput and queue
+wait for your gate, the same gate without classes (FIFO) and no gate, and the PNG draws them
+over time.
+
 A run's time and memory are bounded whatever the flags: the simulated arrivals
 (``--load`` x the first capacity / ``--service-ms`` x ``--duration``) may be at most
 :data:`MAX_ARRIVALS` per gate compared, and every flag has a range; a flag out of its range,
@@ -73,6 +80,46 @@ def _capacity(text: str) -> list[tuple[float, int]]:
             )
         phases.append((start, capacity))
     return phases
+
+
+#: The most classes ``--class`` takes, and tenants ``--tenants``.
+MAX_CLASSES = 16
+MAX_TENANTS = 10_000
+
+
+def _traffic_class(text: str) -> dict[str, Any]:
+    """``interactive:share=0.1,min=0.5,max=1,patience=2``: a class and its traffic."""
+    name, _, rest = text.partition(":")
+    spec: dict[str, Any] = {"name": name, "share": None, "min": 0.0, "max": 1.0, "patience": None}
+    bad = (
+        f"--class must look like NAME:share=F[,min=F][,max=F][,patience=S] (a name of "
+        f"letters, digits, '_', '-' or '.'; share, min and max from 0 to 1, patience in "
+        f"seconds), got {text!r}"
+    )
+    if not name or not all(c.isascii() and (c.isalnum() or c in "_-.") for c in name):
+        raise argparse.ArgumentTypeError(bad)
+    seen: set[str] = set()
+    for part in filter(None, rest.split(",")):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in ("share", "min", "max", "patience") or key in seen:
+            raise argparse.ArgumentTypeError(bad)
+        seen.add(key)
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(bad) from None
+        top = MAX_SECONDS if key == "patience" else 1.0
+        if (
+            not math.isfinite(number)
+            or not 0 <= number <= top
+            or (key == "patience" and number == 0)
+        ):
+            raise argparse.ArgumentTypeError(bad)
+        spec[key] = number
+    if spec["min"] > spec["max"]:
+        raise argparse.ArgumentTypeError(f"--class {name}: min must be <= max, got {text!r}")
+    return spec
 
 
 def _positive(kind: type, most: float = MAX_SECONDS) -> Any:
@@ -147,6 +194,34 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     provider.add_argument(
         "--deadlines", action="store_true", help="clients send admit(deadline_s=patience)"
     )
+    classes = parser.add_argument_group("priority classes and tenants")
+    classes.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        type=_traffic_class,
+        default=[],
+        metavar="SPEC",
+        help="NAME:share=F[,min=F][,max=F][,patience=S], once per class, most important "
+        "first: its part of the arrivals (default: an equal part of what the others leave), "
+        "its guaranteed and capped shares of your ceiling, its clients' patience (default "
+        "--patience)",
+    )
+    classes.add_argument(
+        "--default-priority", metavar="NAME", help="your gate's default class (the last)"
+    )
+    classes.add_argument(
+        "--tenants",
+        type=integer(1, MAX_TENANTS),
+        default=1,
+        metavar="N",
+        help="arrivals spread over N tenants (default 1)",
+    )
+    classes.add_argument(
+        "--fairness",
+        choices=("tenant", "none"),
+        help="fair queuing across tenants in your gate (default: tenant with classes)",
+    )
     run = parser.add_argument_group("the run")
     run.add_argument("--duration", type=_positive(float, MAX_DURATION_S), default=30.0, metavar="S")
     run.add_argument("--seed", type=integer(0, 2**64 - 1), default=17, metavar="N")
@@ -183,7 +258,15 @@ def _your_gate(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     ceiling = settings["max_concurrent_runs"]
+    order: dict[str, Any] = {}
+    if args.classes:
+        order["priorities"] = [(c["name"], c["min"], c["max"]) for c in args.classes]
+        order["default_priority"] = args.default_priority
+    fair = args.fairness == "tenant" if args.fairness else bool(args.classes)
+    if fair:
+        order["fair"] = True
     return {
+        **order,
         "name": f"yours (max {ceiling}, queue {settings['queue_depth']})"
         if ceiling
         else "yours (no ceiling)",
@@ -210,7 +293,16 @@ def candidates(yours: dict[str, Any], baselines: bool) -> list[dict[str, Any]]:
         "queue_timeout_s": yours["queue_timeout_s"],
         "queue_discipline": "adaptive",
     }
+    order: dict[str, Any] = {
+        k: yours[k] for k in ("priorities", "default_priority", "fair") if k in yours
+    }
+    adaptive.update(order)
     chosen = [yours, adaptive, {"name": "no gate", "ceiling": "none"}]
+    if yours.get("priorities"):
+        # The same gate without classes, beside it: what the classes change.
+        plain = {k: v for k, v in yours.items() if k not in ("priorities", "default_priority")}
+        plain.update(name=f"{yours['name']}, fifo", fair=False)
+        chosen.insert(1, plain)
     if baselines:
         for name, ceiling, discipline in (
             ("aimd (vector arc), fifo", "aimd", "fifo"),
@@ -240,6 +332,26 @@ def table(reports: list[dict[str, Any]], physical_per_s: float) -> str:
             f"{r['p99_s'] * 1000:>7.0f} {100 * r['provider_429s'] / calls:>6.1f}% "
             f"{100 * r['busy'] / max(r['offered'], 1):>6.1f}%  {limits}"
         )
+    return "\n".join(lines)
+
+
+def class_table(reports: list[dict[str, Any]], physical_per_s: float, duration_s: float) -> str:
+    """Each class's figures, gate by gate: its offered and served turns per second, its
+    goodput (a fraction of what the provider could serve; the classes add up to the gate's),
+    the fraction of its turns served, and its queue wait's p99."""
+    width = max([30, *(len(r["gate"]) + 1 for r in reports)])
+    head = (
+        f"{'gate':<{width}} {'class':<14} {'offered/s':>9} {'turns/s':>8} {'goodput':>8} "
+        f"{'served':>7} {'p99 wait ms':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in reports:
+        for name, offered, served, goodput, p99_wait, _ in r["classes"]:
+            lines.append(
+                f"{r['gate']:<{width}} {name:<14} {offered / duration_s:>9.1f} "
+                f"{goodput * physical_per_s:>8.1f} {goodput:>8.3f} "
+                f"{served / max(offered, 1):>6.1%} {p99_wait * 1000:>11.0f}"
+            )
     return "\n".join(lines)
 
 
@@ -291,9 +403,20 @@ def _png(path: str, reports: list[dict[str, Any]], title: str, service_s: float)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (good, throttled, ceiling) = plt.subplots(
-        3, 1, sharex=True, figsize=(10, 8.5), gridspec_kw={"height_ratios": [3, 2, 3]}
-    )
+    classed = [r for r in reports if r["classes"]]
+    if classed:
+        figure, (good, by_class, waits, throttled, ceiling) = plt.subplots(
+            5,
+            1,
+            sharex=True,
+            figsize=(10, 13),
+            gridspec_kw={"height_ratios": [3, 3, 3, 2, 2]},
+        )
+        _class_panels(by_class, waits, classed, service_s)
+    else:
+        figure, (good, throttled, ceiling) = plt.subplots(
+            3, 1, sharex=True, figsize=(10, 8.5), gridspec_kw={"height_ratios": [3, 2, 3]}
+        )
     smooth = 4  # timeline points are 250 ms: a 1 s mean
     if reports:
         first = reports[0]["timeline"]
@@ -356,6 +479,49 @@ def _png(path: str, reports: list[dict[str, Any]], title: str, service_s: float)
     plt.close(figure)
 
 
+#: One colour per class in the class panels (most important first), none of the gates' own
+#: colours, so a class is never mistaken for a gate.
+_CLASS_COLOURS = ["#d62790", "#17becf", "#8c564b", "#bcbd22", "#7f7f7f", "#393b79"]
+
+
+def _class_panels(
+    by_class: Any, waits: Any, reports: list[dict[str, Any]], service_s: float
+) -> None:
+    """Goodput and mean queue wait per class over time, one colour per class: your gate with
+    its classes solid, the same gate without them (FIFO) dashed."""
+    smooth = 4
+    labels = ["with classes", "fifo"]
+    top_wait = 0.0
+    for g, r in enumerate(reports[:2]):
+        times = [p[0] for p in r["timeline"]]
+        capacity = [p[3] for p in r["timeline"]]
+        for c, (name, _, _, goodput, p99_wait, timeline) in enumerate(r["classes"]):
+            colour = _CLASS_COLOURS[c % len(_CLASS_COLOURS)]
+            fraction = [
+                point[0] * service_s / cap if cap else 0.0
+                for point, cap in zip(timeline, capacity, strict=True)
+            ]
+            wait = _smoothed([1000 * point[1] for point in timeline], smooth)
+            top_wait = max([top_wait, *wait])
+            kw = {"color": colour, "ls": ("-", "--")[g], "lw": 2.5 - g, "alpha": 0.9}
+            by_class.plot(
+                times,
+                _smoothed(fraction, smooth),
+                label=f"{name}, {labels[g]}: goodput {goodput:.2f}",
+                **kw,
+            )
+            waits.plot(
+                times, wait, label=f"{name}, {labels[g]}: p99 {p99_wait * 1000:.0f} ms", **kw
+            )
+    # Room above the lines for the legends.
+    by_class.set_ylabel("goodput per class\n(fraction of capacity)")
+    by_class.set_ylim(0, 1.45)
+    by_class.legend(loc="upper center", fontsize="small", ncol=2, frameon=False)
+    waits.set_ylabel("mean queue wait\nper class (ms)")
+    waits.set_ylim(0, max(top_wait, 1.0) * 1.45)
+    waits.legend(loc="upper center", fontsize="small", ncol=2, frameon=False)
+
+
 def expected_arrivals(args: argparse.Namespace) -> float:
     """About how many arrivals one gate's run simulates: the offered rate (``--load`` x the
     first capacity / the service time) over ``--duration``."""
@@ -374,6 +540,29 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate sim
             f"{args.service_ms:g} x --duration {args.duration:g} would simulate about "
             f"{arrivals:.3g} arrivals per gate, more than {MAX_ARRIVALS:,}: lower --load, "
             "--capacity or --duration, or raise --service-ms"
+        )
+    if len(args.classes) > MAX_CLASSES:
+        parser.error(f"--class: at most {MAX_CLASSES} classes, got {len(args.classes)}")
+    names = [c["name"] for c in args.classes]
+    if len(set(names)) != len(names):
+        parser.error(f"--class: a class is named twice in {', '.join(names)}")
+    if sum(c["min"] for c in args.classes) > 1 + 1e-9:
+        parser.error("--class: the classes' min shares sum above 1")
+    given = sum(c["share"] or 0.0 for c in args.classes)
+    unshared = [c for c in args.classes if c["share"] is None]
+    if given > 1 + 1e-9 or (given >= 1 - 1e-9 and unshared):
+        parser.error(
+            f"--class: the shares of the arrivals sum to {given:g}, leaving nothing for "
+            f"{', '.join(c['name'] for c in unshared)}"
+            if unshared
+            else f"--class: the shares of the arrivals sum to {given:g}, above 1"
+        )
+    for c in unshared:
+        c["share"] = (1 - given) / len(unshared)
+    if args.default_priority is not None and args.default_priority not in names:
+        parser.error(
+            f"--default-priority {args.default_priority!r} is not a --class"
+            + (f" ({', '.join(names)})" if names else "")
         )
     if args.png and (why := _png_ready(args.png)):
         print(f"{prog}: error: {why}", file=sys.stderr)
@@ -394,6 +583,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate sim
         "send_deadline": args.deadlines,
         "duration_s": args.duration,
         "seed": args.seed,
+        "traffic": [(c["name"], c["share"], c["patience"]) for c in args.classes],
+        "tenants": args.tenants,
     }
     reports = _admitgate._simulate(scenario, candidates(yours, args.baselines))
     capacity_s = 0.0
@@ -409,6 +600,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m admitgate sim
     print(title)
     print(f"the most the provider can serve: {physical:.1f} turns/s\n")
     print(table(reports, physical))
+    if args.classes:
+        print()
+        print(class_table(reports, physical, args.duration))
     if args.png:
         _png(args.png, reports, title, args.service_ms / 1000)
         print(f"\nwrote {args.png}")

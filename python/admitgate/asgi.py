@@ -131,6 +131,7 @@ from ._frontdoor import (
     throttle_hint,
     whole_seconds,
 )
+from ._priority_door import PriorityDoor
 from ._rate_limit_door import (
     USAGE_HEADER,
     RateKey,
@@ -361,6 +362,12 @@ class AdmissionMiddleware:
             ``None``: no tenant (``""``). Called once per gated request; what it raises
             propagates. Derive it from something the client cannot choose freely (an
             authenticated identity), or one client can spread its load over many tenants.
+        priority: where a gated request's priority class comes from, on a gate built with
+            ``priorities=[...]``: ``"header:NAME"`` (a request header, e.g.
+            ``"header:x-priority"``) or a ``callable(scope) -> str | None``; ``None``: every
+            request in the gate's default class. A missing, empty or unknown class goes to
+            the default class and is counted (``<prefix>_priority_defaulted_total``), never
+            refused. Refusals name the class (``data.priority`` / ``metadata.priority``).
         retry_after: seconds to advertise in ``Retry-After`` on every refusal; ``None`` uses
             the gate's hint (``AdmissionRejected.retry_after``), and sends no header when
             the gate has none.
@@ -384,10 +391,10 @@ class AdmissionMiddleware:
             :attr:`usage_reports`, and removed too).
 
     Raises:
-        TypeError: ``app``, ``gate`` or ``session_id`` is not what it should be.
-        ValueError: a path, ``gate_methods``, ``retry_after``, ``max_peek_bytes``,
-            ``abandoned_response_timeout``, ``rate_key`` or ``cost``
-            is out of range.
+        TypeError: ``app``, ``gate``, ``session_id`` or ``priority`` is not what it should be.
+        ValueError: a path, ``gate_methods``, ``priority``, ``retry_after``, ``max_peek_bytes``,
+            ``abandoned_response_timeout``, ``rate_key`` or ``cost`` is out of range
+            (``priority`` on a gate without classes too).
     """
 
     def __init__(
@@ -399,6 +406,7 @@ class AdmissionMiddleware:
         jsonrpc_path: str | None = "/",
         gate_methods: str = "work",
         session_id: Callable[[Scope], str] | None = None,
+        priority: str | Callable[[Scope], str | None] | None = None,
         retry_after: float | None = None,
         max_peek_bytes: int = 65536,
         abandoned_response_timeout: float = 60.0,
@@ -437,6 +445,8 @@ class AdmissionMiddleware:
         self.jsonrpc_path = jsonrpc_path
         self.gate_methods = gate_methods
         self.session_id = session_id
+        self.priority = priority
+        self._priority = None if priority is None else PriorityDoor(gate, priority)
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
         if (
@@ -556,6 +566,7 @@ class AdmissionMiddleware:
                     self.cost,
                     lambda: rate_key.identity_of_headers(scope["headers"], session),  # type: ignore[union-attr]
                 ),
+                priority=None if self._priority is None else self._priority.from_scope(scope),
             )
             try:
                 entry = admission.__aenter__()
@@ -692,6 +703,8 @@ class AdmissionMiddleware:
                     "data": {"reason": reason, "retryAfter": seconds},
                 },
             }
+            if exc.priority is not None:
+                payload["error"]["data"]["priority"] = exc.priority
         else:
             metadata = {"reason": reason}
             details: list[dict[str, Any]] = [
@@ -705,6 +718,8 @@ class AdmissionMiddleware:
             if seconds is not None:
                 metadata["retryAfter"] = str(seconds)
                 details.append({"@type": _RETRY_INFO_TYPE, "retryDelay": f"{seconds}s"})
+            if exc.priority is not None:
+                metadata["priority"] = exc.priority
             payload = {
                 "error": {
                     "code": status,

@@ -40,6 +40,7 @@ from ._frontdoor import (
     CURRENT_SLOT,
     ERROR_DOMAIN,
     GATE_METHODS,
+    PRIORITY_KEY,
     REASON_KEY,
     THROTTLED_KEY,
     Refusal,
@@ -50,6 +51,7 @@ from ._frontdoor import (
     throttle_hint,
     whole_ms,
 )
+from ._priority_door import PriorityDoor
 from ._rate_limit_door import USAGE_KEY, RateKey, admit_budget_kwargs, check_cost, parse_usage
 
 try:  # google.rpc ships with googleapis-common-protos (a dependency of a2a-sdk and grpcio-status)
@@ -189,6 +191,14 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     admission; an exception it raises, or a value that is not a str (``TypeError``), fails the
     call (``UNKNOWN``) without touching the gate.
 
+    ``priority`` says where a gated call's priority class comes from, on a gate built with
+    ``priorities=[...]``: ``"metadata:KEY"`` (a request metadata key, e.g.
+    ``"metadata:x-priority"``; ``"header:KEY"`` is the same) or a callable given the call's
+    ``grpc.HandlerCallDetails`` that returns a class name or ``None``; default: every call in
+    the gate's default class. A missing, empty or unknown class goes to the default class and
+    is counted (``<prefix>_priority_defaulted_total``), never refused. A refusal names the
+    class in the ``admitgate-priority`` trailer and the ``ErrorInfo`` metadata.
+
     ``retry_after`` fixes the delay (seconds, > 0) sent in ``grpc-retry-pushback-ms`` on a
     refusal; default: the gate's own hint (``AdmissionRejected.retry_after``), and no
     pushback trailer when it has none (reason ``policy``).
@@ -229,6 +239,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         *,
         gate_methods: Literal["work", "all"] = "work",
         session_id: SessionId | None = None,
+        priority: str | Callable[[grpc.HandlerCallDetails], str | None] | None = None,
         retry_after: float | None = None,
         abandoned_response_timeout: float = 60.0,
         rate_key: str | None = None,
@@ -254,6 +265,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         self._gate = gate
         self._gate_all = gate_methods == "all"
         self._session_id = session_id
+        self._priority = None if priority is None else PriorityDoor(gate, priority)
         self._retry_after = fixed_retry_after
         self._rate_key = None if rate_key is None else RateKey(rate_key)
         if self._rate_key is not None and self._rate_key.uses_tenant and session_id is None:
@@ -375,6 +387,9 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             details = _CallDetails(method, metadata)
             session = checked_session(self._session_id(details), "handler_call_details")
         rate_key = self._rate_key
+        priority = None
+        if self._priority is not None:
+            priority = self._priority.from_call(_CallDetails(method, metadata), metadata)
         # The call's gRPC deadline is the caller's: a turn that cannot finish in it is refused.
         admission = self._gate.admit(
             session_id=session,
@@ -385,6 +400,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 self._cost,
                 lambda: rate_key.identity_of_metadata(metadata, session),  # type: ignore[union-attr]
             ),
+            priority=priority,
         )
         try:
             await admission.__aenter__()
@@ -399,10 +415,17 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         answer = refusal(exc, self._retry_after)
         code = grpc.StatusCode[answer.grpc_status]
         trailers: list[tuple[str, str | bytes]] = [(REASON_TRAILER, answer.reason)]
+        if exc.priority is not None and exc.priority.isascii() and exc.priority.isprintable():
+            trailers.append((PRIORITY_KEY, exc.priority))
         if answer.retry_after is not None:
             trailers.append((PUSHBACK_TRAILER, str(whole_ms(answer.retry_after))))
         if _RICH_STATUS:
-            trailers.append(("grpc-status-details-bin", _status_details(code, exc.message, answer)))
+            trailers.append(
+                (
+                    "grpc-status-details-bin",
+                    _status_details(code, exc.message, answer, exc.priority),
+                )
+            )
         await context.abort(code, exc.message, trailing_metadata=tuple(trailers))
 
     def _take_usage_trailer(
@@ -600,16 +623,20 @@ def _rebuild(
     )
 
 
-def _status_details(code: grpc.StatusCode, message: str, answer: Refusal) -> bytes:
-    """A serialized ``google.rpc.Status`` with ``ErrorInfo`` (the reason) and, when there is
-    a hint, ``RetryInfo``: the rich error model Google's client libraries read."""
+def _status_details(
+    code: grpc.StatusCode, message: str, answer: Refusal, priority: str | None = None
+) -> bytes:
+    """A serialized ``google.rpc.Status`` with ``ErrorInfo`` (the reason, and the class on a
+    gate with classes) and, when there is a hint, ``RetryInfo``: the rich error model Google's
+    client libraries read."""
     status = status_pb2.Status(code=code.value[0], message=message)
     info = any_pb2.Any()
+    metadata = {"reason": answer.reason}
+    if priority is not None:
+        metadata["priority"] = priority
     info.Pack(
         error_details_pb2.ErrorInfo(
-            reason=answer.reason.upper(),
-            domain=ERROR_DOMAIN,
-            metadata={"reason": answer.reason},
+            reason=answer.reason.upper(), domain=ERROR_DOMAIN, metadata=metadata
         )
     )
     status.details.append(info)

@@ -22,7 +22,19 @@ broker documents are exactly ``broker_inflight_requests{transport}`` and
 | ``<prefix>_limit`` | gauge | | the cap that bounds the agent (0: none) |
 | ``<prefix>_saturated`` | gauge | | 1 while in flight is at that cap |
 | ``<prefix>_fleet_*`` | gauge / counter | | fleet figures, when the gate has a fleet limit |
+| ``<prefix>_class_inflight_requests`` | gauge | ``class`` | turns holding a slot, per priority class |
+| ``<prefix>_class_queued_requests`` | gauge | ``class`` | turns waiting, per class |
+| ``<prefix>_class_admitted_total`` | counter | ``class`` | turns started, per class |
+| ``<prefix>_class_rejected_total`` | counter | ``class`` | turns refused (shed ones apart), per class |
+| ``<prefix>_class_shed_total`` | counter | ``class`` | waiters evicted, per class |
+| ``<prefix>_class_cancelled_total`` | counter | ``class`` | turns withdrawn while waiting, per class |
+| ``<prefix>_priority_defaulted_total`` | counter | ``cause`` | requests a front door put in the default class: ``missing`` or ``unknown`` class |
 | ``<prefix>_rate_limit_*`` | counter / gauge | ``limit`` | budget figures per ``RateLimit`` (``RATE_LIMIT_METRICS``), when the gate has ``rate_limit=`` |
+
+The ``class_*`` and ``priority_defaulted`` families appear only for a gate built with
+``priorities=[...]`` (a gate without classes exports what it always did). They are families
+of their own rather than a ``class`` label on ``<prefix>_inflight_requests``, so a sum over
+that name still counts each turn once. No metric carries a tenant.
 
 A turn a budget refuses counts in ``<prefix>_rejected_total{reason="rate_limited"}`` too. No
 series is per identity.
@@ -48,8 +60,16 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from ._frontdoor import check_gate
+from ._priority_door import defaulted
 
-__all__ = ["FLEET_METRICS", "RATE_LIMIT_METRICS", "GateCollector", "register", "unregister"]
+__all__ = [
+    "CLASS_METRICS",
+    "FLEET_METRICS",
+    "RATE_LIMIT_METRICS",
+    "GateCollector",
+    "register",
+    "unregister",
+]
 
 _PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MAX_PREFIX = 64
@@ -94,6 +114,30 @@ RATE_LIMIT_METRICS: Mapping[str, tuple[str, str]] = {
     ),
     "tokens_returned": ("counter", "Tokens those reservations held."),
     "keys": ("gauge", "Identities this process's budget holds in memory now."),
+}
+
+#: ``stats()["classes"][name]`` keys exported per priority class: key -> (``"gauge"`` or
+#: ``"counter"``, the metric's name after ``<prefix>_``, help text). The broker exports the
+#: same names with ``prefix="broker"``.
+CLASS_METRICS: Mapping[str, tuple[str, str, str]] = {
+    "in_flight": ("gauge", "class_inflight_requests", "Turns holding a slot, by priority class."),
+    "queued": ("gauge", "class_queued_requests", "Turns waiting for a slot, by priority class."),
+    "admitted": (
+        "counter",
+        "class_admitted_total",
+        "Turns admitted (started running), by priority class.",
+    ),
+    "rejected": (
+        "counter",
+        "class_rejected_total",
+        "Turns refused on arrival or while waiting (shed ones are counted apart), by class.",
+    ),
+    "shed": ("counter", "class_shed_total", "Waiters evicted to make room, by priority class."),
+    "cancelled": (
+        "counter",
+        "class_cancelled_total",
+        "Turns withdrawn while waiting, by priority class.",
+    ),
 }
 
 
@@ -220,6 +264,17 @@ class _Families:
             "1 while in flight is at the cap that bounds the agent, else 0.",
             labels=list(base),
         )
+        by_class = [*base, "class"]
+        self.classes: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for key, (kind, suffix, text) in CLASS_METRICS.items():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            self.classes[key] = family(f"{p}_{suffix}", text, labels=by_class)
+        self.defaulted = CounterMetricFamily(
+            f"{p}_priority_defaulted_total",
+            "Requests a front door put in the default priority class: they named none "
+            "(missing) or one the gate does not have (unknown).",
+            labels=[*base, "cause"],
+        )
         self.fleet: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for key, (kind, text) in FLEET_METRICS.items():
             if kind == "counter":
@@ -249,12 +304,17 @@ class _Families:
         )
         yield from self.fleet.values()
         yield from self.rate_limit.values()
+        yield from self.classes.values()
+        yield self.defaulted
 
     def present(self) -> Iterator[Metric]:
-        """Every family, except fleet and budget families no gate reported."""
-        fleet = {id(family) for family in (*self.fleet.values(), *self.rate_limit.values())}
+        """Every family, except fleet, budget and class families no gate reported."""
+        optional = {id(family) for family in self.fleet.values()}
+        optional |= {id(family) for family in self.rate_limit.values()}
+        optional |= {id(family) for family in self.classes.values()}
+        optional.add(id(self.defaulted))
         for family in self.all():
-            if id(family) not in fleet or family.samples:
+            if id(family) not in optional or family.samples:
                 yield family
 
     def add_gate(self, gate: Any, gate_label: tuple[str, ...]) -> None:
@@ -289,6 +349,13 @@ class _Families:
         for limit, figures in sorted(stats.get("rate_limits", {}).items()):
             for key, family in self.rate_limit.items():
                 family.add_metric([*base, limit], float(figures[key]))
+        classes = stats.get("classes")
+        if classes:
+            for class_name, figures in classes.items():
+                for key, family in self.classes.items():
+                    family.add_metric([*base, class_name], figures[key])
+            for cause, count in defaulted(gate).items():
+                self.defaulted.add_metric([*base, cause], count)
 
 
 def _buckets(cumulative: Any) -> list[tuple[str, float]]:

@@ -59,6 +59,20 @@ What install() changes
     so every ``except`` clause above catches it, and so does code written
     against admitgate.
 
+Priority classes (``install(priorities=[...], priority_of=...)``)
+  * Every gate praisonai-bot builds while installed gets ``priorities`` (and
+    ``default_priority``), unless it is built with classes of its own.
+  * ``priority_of(session_id) -> str | None`` picks each turn's class from the
+    ``session_id`` BotOS passes to ``gate.admit``: for a bot's turn
+    (``BotSessionManager.chat``), the user's storage key (the platform user id, or
+    the identity resolver's unified id, prefixed by a route's profile namespace;
+    the chat or channel is not part of it, even under ``session_scope="per_chat"``);
+    for a WebSocket or HTTP API turn of the gateway, its session's id; for a hook,
+    its session key. ``None``, ``""`` or a name that is no class puts
+    the turn in the default class, counted as ``missing`` / ``unknown`` (the
+    metrics' ``<prefix>_priority_defaulted_total``); an exception from it
+    propagates (BotOS answers the turn with its own error).
+
 Gates built while installed stay admitgate gates after :func:`uninstall`, and
 then raise plain ``admitgate.AdmissionRejected`` again, which praisonai-bot's
 ``except`` clauses do not catch: rebuild BotOS after uninstalling.
@@ -69,15 +83,24 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import admitgate
 
 from ._botos_rate_limits import build_auth_rate_limiter, rate_limit_policy
+from ._priority_door import PriorityDoor
 
 # ``BotOSAdmissionRejected`` is also available (see ``__getattr__``); it is left
 # out of ``__all__`` so that ``import *`` does not import praisonai-bot.
-__all__ = ["build_auth_rate_limiter", "install", "is_installed", "rate_limit_policy", "uninstall"]
+__all__ = [
+    "SessionClassGate",
+    "build_auth_rate_limiter",
+    "install",
+    "is_installed",
+    "rate_limit_policy",
+    "uninstall",
+]
 
 _DISTRIBUTION = "praisonai-bot"
 _PACKAGE = "praisonai_bot"
@@ -99,10 +122,84 @@ _lock = threading.RLock()
 _rejection_classes: dict[type, type] = {}
 
 
+class SessionClassGate(admitgate.AdmissionGate):
+    """An :class:`admitgate.AdmissionGate` whose turns that name no ``priority`` get the class
+    ``priority_of(session_id)`` names (what :func:`install` builds for praisonai-bot)."""
+
+    _door: PriorityDoor | None = None
+
+    def admit(self, *, session_id: object = "", priority: str | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        if priority is None and self._door is not None:
+            priority = self._door.of(session_id)
+        return super().admit(session_id=session_id, priority=priority, **kwargs)
+
+    def admit_sync(  # type: ignore[override]
+        self, *, session_id: object = "", priority: str | None = None, **kwargs: Any
+    ) -> Any:
+        if priority is None and self._door is not None:
+            priority = self._door.of(session_id)
+        return super().admit_sync(session_id=session_id, priority=priority, **kwargs)
+
+
+class _Classes:
+    """install()'s priority settings, checked once."""
+
+    def __init__(
+        self,
+        priorities: Sequence[admitgate.PriorityClass] | None,
+        default_priority: str | None,
+        priority_of: Callable[[str], str | None] | None,
+    ) -> None:
+        if priority_of is not None and not callable(priority_of):
+            raise TypeError(
+                f"priority_of must be None or a callable(session_id) -> str | None, "
+                f"got {priority_of!r}"
+            )
+        if priorities is None and (priority_of is not None or default_priority is not None):
+            given = "priority_of" if priority_of is not None else "default_priority"
+            raise ValueError(f"{given} needs priorities=[admitgate.PriorityClass(...), ...]")
+        if priorities is not None:
+            priorities = list(priorities)
+            # Checked as a gate checks them, so a mistake fails here, not at BotOS start.
+            admitgate.build_admission_gate(
+                max_concurrent_runs=1, priorities=priorities, default_priority=default_priority
+            )
+        self.priorities = priorities
+        self.default_priority = default_priority
+        self.priority_of = priority_of
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            None if self.priorities is None else tuple(self.priorities),
+            self.default_priority,
+            self.priority_of,
+        )
+
+    def builder(self) -> Callable[..., Any]:
+        """``build_admission_gate`` as praisonai-bot calls it, with these classes."""
+        if self.priorities is None:
+            return admitgate.build_admission_gate
+        classes = self
+
+        def build_admission_gate(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("priorities") is None:
+                kwargs["priorities"] = classes.priorities
+                if kwargs.get("default_priority") is None:
+                    kwargs["default_priority"] = classes.default_priority
+            gate = admitgate.build_admission_gate(*args, _gate_class=SessionClassGate, **kwargs)
+            if isinstance(gate, SessionClassGate) and classes.priority_of is not None:
+                gate._door = PriorityDoor(gate, classes.priority_of, argument="priority_of")
+            return gate
+
+        build_admission_gate.__doc__ = admitgate.build_admission_gate.__doc__
+        return build_admission_gate
+
+
 class _Installation:
     """What install() changed, so uninstall() can put back exactly that."""
 
     def __init__(self, admission: Any, originals: dict[str, Any], replacements: dict[str, Any]):
+        self.classes_key: tuple[Any, ...] = (None, None, None)
         self.admission = admission
         self.originals = originals
         self.replacements = replacements
@@ -197,24 +294,39 @@ def _rebind(module: Any, replace: dict[int, tuple[Any, Any]]) -> list[tuple[str,
     return changed
 
 
-def install() -> None:
+def install(
+    *,
+    priorities: Sequence[admitgate.PriorityClass] | None = None,
+    default_priority: str | None = None,
+    priority_of: Callable[[str], str | None] | None = None,
+) -> None:
     """Make praisonai-bot build admitgate gates. Idempotent and thread-safe.
+
+    ``priorities`` (most important first) gives every gate praisonai-bot builds these
+    priority classes (see ``docs/priorities.md``), ``default_priority`` its default class,
+    and ``priority_of(session_id)`` each turn's class from its BotOS session (see the module
+    documentation for what the session id is). ``TypeError`` / ``ValueError`` for a bad one
+    (``priority_of`` or ``default_priority`` without ``priorities``). Installing again with
+    other settings replaces them (gates already built keep theirs).
 
     Imports praisonai-bot if it is not imported yet; raises ImportError naming
     the package when it is not installed.
     """
     global _installation
     with _lock:
+        classes = _Classes(priorities, default_priority, priority_of)
         admission = _import_admission_module()
         if _installation is not None:
-            if _installation.admission is admission:
+            if _installation.admission is admission and _installation.classes_key == classes.key():
                 return
-            # praisonai_bot.bots._admission was reloaded: start again cleanly.
+            # praisonai_bot.bots._admission was reloaded, or other classes: start again.
             uninstall()
 
         originals = {name: getattr(admission, name) for name in _PATCHED_NAMES}
         replacements = {name: getattr(admitgate, name) for name in _PATCHED_NAMES}
+        replacements["build_admission_gate"] = classes.builder()
         state = _Installation(admission, originals, replacements)
+        state.classes_key = classes.key()
 
         # Rejections first, so no admitgate gate built below can ever raise a
         # class that praisonai-bot's ``except`` clauses miss.

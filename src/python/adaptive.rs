@@ -15,10 +15,10 @@ use super::awaitable::thrown;
 use super::fleet::PyFleetLimit;
 use super::runtime::now;
 use admitgate_core::overload::sim::{
-    self, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario,
+    self, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario, Traffic,
 };
 use admitgate_core::overload::{CapacitySearch, CapacitySearchConfig, Discipline, LimitController};
-use admitgate_core::Overflow;
+use admitgate_core::{Order, Overflow, Priorities, PriorityClass};
 use admitgate_fleet::{FleetLearner, LimitSource};
 
 fn repr(value: &Bound<'_, PyAny>) -> String {
@@ -347,7 +347,50 @@ fn scenario_of(d: &Bound<'_, PyDict>) -> PyResult<Scenario> {
         },
         duration: seconds(item(d, "duration_s", 30.0)?, "duration_s")?,
         seed: item(d, "seed", 17)?,
+        traffic: item::<Vec<(String, f64, Option<f64>)>>(d, "traffic", Vec::new())?
+            .into_iter()
+            .map(|(class, share, patience)| {
+                Ok(Traffic {
+                    class,
+                    share,
+                    patience: patience
+                        .map(|p| seconds(p, "a class's patience"))
+                        .transpose()?,
+                })
+            })
+            .collect::<PyResult<_>>()?,
+        tenants: item(d, "tenants", 0)?,
     })
+}
+
+/// One kind of traffic in a report: name, offered, served, goodput, p99 queue wait (s), and
+/// `(goodput, mean wait s)` per timeline point.
+type ClassRow = (String, u64, u64, f64, f64, Vec<(f64, f64)>);
+
+/// A candidate's `priorities` (`[(name, min_share, max_share)]`), `default_priority` and
+/// `fair` as the queue's order; `None` without classes and without fairness.
+fn order_of(d: &Bound<'_, PyDict>) -> PyResult<Option<Order>> {
+    let classes: Vec<(String, f64, f64)> = item(d, "priorities", Vec::new())?;
+    let fair: bool = item(d, "fair", !classes.is_empty())?;
+    if classes.is_empty() && !fair {
+        return Ok(None);
+    }
+    let priorities = if classes.is_empty() {
+        Priorities::default()
+    } else {
+        let default: Option<String> = item(d, "default_priority", None)?;
+        let classes = classes
+            .iter()
+            .map(|(name, min, max)| PriorityClass::shared(name, *min, *max))
+            .collect();
+        Priorities::new(classes, default.as_deref())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+    };
+    Ok(Some(Order {
+        priorities,
+        fair,
+        weights: Default::default(),
+    }))
 }
 
 fn candidate_of(d: &Bound<'_, PyDict>) -> PyResult<Candidate> {
@@ -384,6 +427,7 @@ fn candidate_of(d: &Bound<'_, PyDict>) -> PyResult<Candidate> {
             .map_err(|err| PyValueError::new_err(err.to_string()))?,
         queue_timeout: timeout.map(|t| seconds(t, "queue_timeout_s")).transpose()?,
         discipline,
+        order: order_of(d)?,
     })
 }
 
@@ -451,6 +495,22 @@ pub fn _simulate<'py>(
             .map(|p| (p.at_s, p.goodput, p.limit, p.capacity, p.throttled_share))
             .collect();
         d.set_item("timeline", timeline)?;
+        let classes: Vec<ClassRow> = report
+            .classes
+            .iter()
+            .map(|c| {
+                let timeline = c.timeline.iter().map(|p| (p.goodput, p.mean_wait_s));
+                (
+                    c.name.clone(),
+                    c.offered,
+                    c.served,
+                    c.goodput,
+                    c.p99_wait.as_secs_f64(),
+                    timeline.collect(),
+                )
+            })
+            .collect();
+        d.set_item("classes", classes)?;
         out.append(d)?;
     }
     Ok(out)

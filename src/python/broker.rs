@@ -80,6 +80,30 @@ fn text(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Option<String>
     }
 }
 
+/// A list of str (`priority=["interactive:min=0.5", "batch"]`, one per `--priority`); a
+/// single str is refused rather than read as its characters.
+fn texts(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
+    let Some(value) = given(value) else {
+        return Ok(Vec::new());
+    };
+    let bad = || {
+        PyTypeError::new_err(format!(
+            "{name} must be a list of str (one per class), got {}",
+            repr(value)
+        ))
+    };
+    if value.is_instance_of::<PyString>() {
+        return Err(bad());
+    }
+    let mut out = Vec::new();
+    for item in value.try_iter().map_err(|_| bad())? {
+        let item = item?;
+        let text = item.cast::<PyString>().map_err(|_| bad())?;
+        out.push(text.to_str()?.to_owned());
+    }
+    Ok(out)
+}
+
 /// The fleet URL: like [`text`], but a bad value is named by its type only, never shown (it
 /// may hold the Redis password).
 fn secret_text(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -338,6 +362,10 @@ fn wait_for_the_end(py: Python<'_>, running: &mut Running, requested: &AtomicBoo
     abandoned_response_timeout=None,
     send_timeout=None,
     readiness_path=None,
+    priority=None,
+    default_priority=None,
+    priority_from=None,
+    fairness=None,
     config=None,
 ))]
 #[allow(
@@ -382,6 +410,10 @@ pub fn serve_broker(
     abandoned_response_timeout: Option<Bound<'_, PyAny>>,
     send_timeout: Option<Bound<'_, PyAny>>,
     readiness_path: Option<Bound<'_, PyAny>>,
+    priority: Option<Bound<'_, PyAny>>,
+    default_priority: Option<Bound<'_, PyAny>>,
+    priority_from: Option<Bound<'_, PyAny>>,
+    fairness: Option<Bound<'_, PyAny>>,
     config: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     guard(|| {
@@ -429,6 +461,12 @@ pub fn serve_broker(
             send_timeout: number("send_timeout", &send_timeout)?,
             readiness_path: text("readiness_path", &readiness_path)?,
             config: path("config", &config)?,
+            priorities: admitgate_broker::priority::PriorityFlags {
+                priority: texts("priority", &priority)?,
+                default_priority: text("default_priority", &default_priority)?,
+                priority_from: text("priority_from", &priority_from)?,
+                fairness: text("fairness", &fairness)?,
+            },
             naming: Naming::Keywords, // messages name serve()'s keywords
         };
         let config = Config::resolve(flags).map_err(|e| PyValueError::new_err(e.to_string()))?;

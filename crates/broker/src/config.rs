@@ -173,6 +173,9 @@ pub struct Flags {
     /// /.well-known/agent-card.json below --path-prefix.
     #[arg(long, value_name = "PATH")]
     pub readiness_path: Option<String>,
+    /// Priority classes and where a request's class comes from (`crate::priority`).
+    #[command(flatten)]
+    pub priorities: crate::priority::PriorityFlags,
     /// A YAML file with any of these settings (keys as the flags, with `_`); flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -241,6 +244,11 @@ struct FileSettings {
     abandoned_response_timeout: Option<f64>,
     send_timeout: Option<f64>,
     readiness_path: Option<String>,
+    /// `--priority`, one entry per class (`crate::priority::FileClass`).
+    priorities: Option<Vec<crate::priority::FileClass>>,
+    default_priority: Option<String>,
+    priority_from: Option<String>,
+    fairness: Option<String>,
 }
 
 /// Where a request's tenant comes from.
@@ -315,6 +323,8 @@ pub struct Config {
     pub abandoned_response_timeout: Duration,
     pub send_timeout: Duration,
     pub readiness_path: String,
+    /// Priority classes and where a request's class comes from.
+    pub priority: crate::priority::PrioritySettings,
 }
 
 /// A setting that cannot be used, named with its bad value (never a password: URLs are shown
@@ -640,7 +650,25 @@ impl Config {
                 ))
             }
         };
+        let priority = crate::priority::resolve(
+            &flags.priorities,
+            crate::priority::FileSettings {
+                priorities: file.priorities.clone(),
+                default_priority: file.default_priority.clone(),
+                priority_from: file.priority_from.clone(),
+                fairness: file.fairness.clone(),
+            },
+            |field, from_file| {
+                setting_name(
+                    field,
+                    flags.naming,
+                    flags.config.as_deref().filter(|_| from_file),
+                )
+            },
+            tenant != TenantFrom::None,
+        )?;
         Ok(Config {
+            priority,
             listen: pick!(listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
             upstream: main,
             grpc_upstream: grpc,

@@ -50,6 +50,7 @@ pub mod leaving;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod priority;
 pub mod proxy;
 pub mod rate_limit;
 pub mod readiness;
@@ -60,7 +61,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admitgate_fleet::{Durability, FleetConfig, FleetLimit, OnBackendError};
+use admitgate_fleet::{Durability, FleetClasses, FleetConfig, FleetLimit, OnBackendError};
 use admitgate_passage::core_api::ConcurrencyLimit;
 use admitgate_passage::{Passage, PassageConfig};
 use tokio::net::TcpListener;
@@ -126,6 +127,20 @@ fn broker(config: Config) -> Result<Arc<proxy::Broker>, Error> {
         resource,
         rate_limits,
     });
+    if let Some(order) = config.priority.order.clone() {
+        if let Some(fleet) = passage.fleet() {
+            // The fleet's lease queue orders tickets by the same classes, fleet-wide (every
+            // broker of the fleet must configure the same; one with others is refused).
+            let classes =
+                FleetClasses::new(order.priorities.clone(), order.fair, order.weights.clone());
+            fleet
+                .set_classes(classes)
+                .map_err(|e| Error::Settings(format!("fleet: {}", e.reason)))?;
+        }
+        passage
+            .set_order(order)
+            .map_err(|e| Error::Settings(e.to_string()))?;
+    }
     proxy::Broker::new(config, passage)
         .map(Arc::new)
         .map_err(Error::Start)

@@ -304,6 +304,7 @@ pub fn render(broker: &Broker) -> String {
         );
     }
     crate::rate_limit::render_metrics(&mut out, broker);
+    crate::priority::render_metrics(&mut out, passage, &broker.classes);
     out
 }
 

@@ -54,6 +54,7 @@ use crate::config::{Config, TenantFrom, Upstream, UpstreamProtocol};
 use crate::deadline;
 use crate::headers::{strip_hop_by_hop, upgrade_protocol};
 use crate::logging::RefusalLog;
+use crate::priority::ClassPicker;
 use crate::rate_limit::{self, DoorCounters};
 use crate::readiness::UpstreamHealth;
 use crate::refusal::{self, Shape};
@@ -76,6 +77,8 @@ pub struct Broker {
     pub rules: Rules,
     pub transports: TransportIds,
     pub refusals: RefusalLog,
+    /// Each gated request's priority class (`--priority-from`).
+    pub classes: ClassPicker,
     http1: Client<HttpConnector, Replayed>,
     http2: Client<HttpConnector, Replayed>,
     /// When the upstream last answered (what /readyz and `broker_upstream_up` follow).
@@ -145,6 +148,7 @@ impl Broker {
             rules,
             transports,
             refusals: RefusalLog::default(),
+            classes: ClassPicker::new(&config.priority),
             upstream_health: UpstreamHealth::default(),
             usage: Arc::default(),
             passage,
@@ -299,6 +303,7 @@ impl Broker {
                     Err(_elapsed) => return Ok(body_timed_out()),
                 };
                 let tenant = self.tenant(&parts.headers, route_tenant);
+                let class = self.classes.pick(&parts.headers, &tenant);
                 let deadline = deadline::deadline(started, deadline::timeout(&parts.headers, grpc));
                 // Hashed by the budget before anything keeps it; never logged.
                 let identity = self
@@ -309,7 +314,7 @@ impl Broker {
                 let cost = self.config.rate_limit.as_ref().map_or(0, |spec| spec.cost);
                 let admitting =
                     self.passage
-                        .admit_as(&tenant, tid, deadline, identity.as_deref(), cost);
+                        .admit_as(&tenant, class, tid, deadline, identity.as_deref(), cost);
                 let admitted = match body.unread_client() {
                     None => admitting.await,
                     // The rest of a longer body is still to come and nothing reads it while
@@ -361,8 +366,12 @@ impl Broker {
                             in_flight,
                             limit,
                         );
-                        let mut response =
-                            refusal::respond(&shape, refused.reason, refused.retry_after);
+                        let mut response = refusal::respond_in(
+                            &shape,
+                            refused.reason,
+                            refused.retry_after,
+                            self.classes.name(class),
+                        );
                         if let (Some(spec), Some(by)) = (&self.config.rate_limit, refused.by) {
                             self.usage.refused(by.limit);
                             if !grpc {

@@ -27,6 +27,8 @@ pub const JSONRPC_REJECTED_CODE: i64 = -32029;
 pub const ERROR_DOMAIN: &str = "admitgate";
 /// `admitgate._frontdoor.REASON_KEY`.
 pub const REASON_KEY: &str = "admitgate-reason";
+/// `admitgate._frontdoor.PRIORITY_KEY`: the gRPC trailer naming a refused call's class.
+pub const PRIORITY_KEY: &str = "admitgate-priority";
 const ERROR_INFO_TYPE: &str = "type.googleapis.com/google.rpc.ErrorInfo";
 const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
@@ -96,7 +98,12 @@ fn json_string(out: &mut String, text: &str) {
     out.push('"');
 }
 
-fn jsonrpc_body(id: Option<&RpcId>, reason: &str, seconds: Option<u64>) -> String {
+fn jsonrpc_body(
+    id: Option<&RpcId>,
+    reason: &str,
+    seconds: Option<u64>,
+    class: Option<&str>,
+) -> String {
     let mut out = String::from("{\"jsonrpc\":\"2.0\",\"id\":");
     match id {
         Some(RpcId::Str(text)) => json_string(&mut out, text),
@@ -114,11 +121,21 @@ fn jsonrpc_body(id: Option<&RpcId>, reason: &str, seconds: Option<u64>) -> Strin
         Some(s) => out.push_str(&s.to_string()),
         None => out.push_str("null"),
     }
+    if let Some(class) = class {
+        out.push_str(",\"priority\":");
+        json_string(&mut out, class);
+    }
     out.push_str("}}}");
     out
 }
 
-fn rest_body(status: StatusCode, grpc_name: &str, reason: &str, seconds: Option<u64>) -> String {
+fn rest_body(
+    status: StatusCode,
+    grpc_name: &str,
+    reason: &str,
+    seconds: Option<u64>,
+    class: Option<&str>,
+) -> String {
     let mut out = format!("{{\"error\":{{\"code\":{},\"status\":", status.as_u16());
     json_string(&mut out, grpc_name);
     out.push_str(",\"message\":");
@@ -132,12 +149,19 @@ fn rest_body(status: StatusCode, grpc_name: &str, reason: &str, seconds: Option<
     out.push_str(",\"metadata\":{\"reason\":");
     json_string(&mut out, reason);
     if let Some(s) = seconds {
-        out.push_str(&format!(",\"retryAfter\":\"{s}\"}}}},{{\"@type\":"));
-        json_string(&mut out, RETRY_INFO_TYPE);
-        out.push_str(&format!(",\"retryDelay\":\"{s}s\"}}]}}}}"));
-    } else {
-        out.push_str("}}]}}");
+        out.push_str(&format!(",\"retryAfter\":\"{s}\""));
     }
+    if let Some(class) = class {
+        out.push_str(",\"priority\":");
+        json_string(&mut out, class);
+    }
+    out.push_str("}}");
+    if let Some(s) = seconds {
+        out.push_str(",{\"@type\":");
+        json_string(&mut out, RETRY_INFO_TYPE);
+        out.push_str(&format!(",\"retryDelay\":\"{s}s\"}}"));
+    }
+    out.push_str("]}}");
     out
 }
 
@@ -179,7 +203,12 @@ fn any(type_url: &str, value: &[u8]) -> Vec<u8> {
 }
 
 /// The serialized `google.rpc.Status` the gRPC front door sends in `grpc-status-details-bin`.
-fn status_details(code: u8, reason: &str, pushback: Option<Duration>) -> Vec<u8> {
+fn status_details(
+    code: u8,
+    reason: &str,
+    pushback: Option<Duration>,
+    class: Option<&str>,
+) -> Vec<u8> {
     let mut info = Vec::new();
     field_bytes(&mut info, 1, reason.to_uppercase().as_bytes());
     field_bytes(&mut info, 2, ERROR_DOMAIN.as_bytes());
@@ -187,6 +216,12 @@ fn status_details(code: u8, reason: &str, pushback: Option<Duration>) -> Vec<u8>
     field_bytes(&mut entry, 1, b"reason");
     field_bytes(&mut entry, 2, reason.as_bytes());
     field_bytes(&mut info, 3, &entry);
+    if let Some(class) = class {
+        let mut entry = Vec::new();
+        field_bytes(&mut entry, 1, b"priority");
+        field_bytes(&mut entry, 2, class.as_bytes());
+        field_bytes(&mut info, 3, &entry);
+    }
     let mut status = Vec::new();
     varint(&mut status, 1 << 3);
     varint(&mut status, u64::from(code));
@@ -232,6 +267,18 @@ fn base64(bytes: &[u8]) -> String {
 
 /// The answer to a request refused for `reason` with `hint`, in the shape of its transport.
 pub fn respond(shape: &Shape, reason: Rejection, hint: Option<Duration>) -> Response<Bytes> {
+    respond_in(shape, reason, hint, None)
+}
+
+/// [`respond`] for a request of priority class `class` (a broker with classes): the class is
+/// named in the JSON-RPC error's `data.priority`, the REST `ErrorInfo`'s `metadata.priority`,
+/// and for gRPC the [`PRIORITY_KEY`] trailer and the `ErrorInfo` metadata.
+pub fn respond_in(
+    shape: &Shape,
+    reason: Rejection,
+    hint: Option<Duration>,
+    class: Option<&str>,
+) -> Response<Bytes> {
     let (status, grpc_code, grpc_name) = statuses(reason);
     let name = reason.as_str();
     let mut response = Response::new(Bytes::new());
@@ -251,16 +298,19 @@ pub fn respond(shape: &Shape, reason: Rejection, hint: Option<Duration>) -> Resp
         if let Some(hint) = hint {
             headers.insert("grpc-retry-pushback-ms", HeaderValue::from(whole_ms(hint)));
         }
-        if let Ok(details) = HeaderValue::from_str(&base64(&status_details(grpc_code, name, hint)))
-        {
+        if let Some(value) = class.and_then(|c| HeaderValue::from_str(c).ok()) {
+            headers.insert(PRIORITY_KEY, value);
+        }
+        let details = status_details(grpc_code, name, hint, class);
+        if let Ok(details) = HeaderValue::from_str(&base64(&details)) {
             headers.insert("grpc-status-details-bin", details);
         }
         return response;
     }
     let seconds = hint.map(whole_seconds);
     let body = match shape {
-        Shape::JsonRpc(id) => jsonrpc_body(id.as_ref(), name, seconds),
-        _ => rest_body(status, grpc_name, name, seconds),
+        Shape::JsonRpc(id) => jsonrpc_body(id.as_ref(), name, seconds, class),
+        _ => rest_body(status, grpc_name, name, seconds, class),
     };
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -317,5 +367,47 @@ mod tests {
         assert_eq!(r.headers()["grpc-status"], "8");
         assert_eq!(r.headers()["grpc-retry-pushback-ms"], "2");
         assert_eq!(base64(b"abcd"), "YWJjZA");
+    }
+
+    /// A broker with classes names the refused request's class in every shape; one without
+    /// answers byte for byte as before.
+    #[test]
+    fn refusals_name_the_class() {
+        let r = respond_in(
+            &Shape::JsonRpc(Some(RpcId::Int("3".into()))),
+            Rejection::Shed,
+            None,
+            Some("batch"),
+        );
+        assert!(std::str::from_utf8(r.body()).unwrap().ends_with(
+            "\"data\":{\"reason\":\"shed\",\"retryAfter\":null,\"priority\":\"batch\"}}}"
+        ));
+        let r = respond_in(
+            &Shape::Rest,
+            Rejection::QueueFull,
+            Some(Duration::from_secs(2)),
+            Some("batch"),
+        );
+        let body = std::str::from_utf8(r.body()).unwrap();
+        assert!(
+            body.contains("\"metadata\":{\"reason\":\"queue_full\",\"retryAfter\":\"2\",\"priority\":\"batch\"}},{\"@type\""),
+            "{body}"
+        );
+        let r = respond_in(&Shape::Grpc, Rejection::QueueFull, None, Some("batch"));
+        assert_eq!(r.headers()[PRIORITY_KEY], "batch");
+        let details = status_details(8, "queue_full", None, Some("batch"));
+        assert!(details.windows(8).any(|w| w == b"priority"));
+        for shape in [Shape::Rest, Shape::Grpc, Shape::JsonRpc(None)] {
+            let before = respond(&shape, Rejection::Timeout, Some(Duration::from_secs(1)));
+            let after = respond_in(
+                &shape,
+                Rejection::Timeout,
+                Some(Duration::from_secs(1)),
+                None,
+            );
+            assert_eq!(before.body(), after.body());
+            assert_eq!(before.headers(), after.headers());
+            assert!(after.headers().get(PRIORITY_KEY).is_none());
+        }
     }
 }

@@ -88,8 +88,8 @@ use tokio::sync::{oneshot, watch};
 
 use budget::{BudgetHolds, BudgetTurn, RateLimits};
 use core_api::{
-    ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered, Rejection, Stats,
-    TransportId, Transports, Waker, Wakes,
+    ClassId, ConcurrencyLimit, Decision, Discipline, Gate, Outcome, Overflow, Registered,
+    Rejection, Stats, TransportId, Transports, Waker, Wakes,
 };
 pub use lease::{LeaseRuntime, TokioRuntime, TurnLease};
 use turn::{Arrived, Claimed, Lane, Report, WaitEnd};
@@ -226,6 +226,24 @@ impl Passage {
         self.gate.stats(|| self.now())
     }
 
+    /// Sets the queue's order: priority classes with shares, fair queuing across tenants
+    /// (see the core's `queue` module). Before any turn arrives; afterwards only the shares
+    /// may change.
+    pub fn set_order(&self, order: core_api::Order) -> Result<(), core_api::PriorityError> {
+        run(self.gate.set_order(order)?);
+        Ok(())
+    }
+
+    /// The classes the queue serves, most important first, and the default one.
+    pub fn priorities(&self) -> core_api::Priorities {
+        self.gate.order().priorities
+    }
+
+    /// The gate's counters and each class's, read together so they add up.
+    pub fn stats_and_classes(&self) -> (Stats, Vec<core_api::ClassStats>) {
+        self.gate.stats_and_classes(|| self.now())
+    }
+
     /// How long turns that queued waited before they were admitted.
     pub fn queue_wait(&self) -> core_api::HistogramSnapshot {
         self.gate.queue_wait()
@@ -288,18 +306,22 @@ impl Passage {
         transport: TransportId,
         deadline: Option<Instant>,
     ) -> Result<Permit, Refused> {
-        self.admit_as(scope, transport, deadline, None, 0).await
+        self.admit_as(scope, ClassId::DEFAULT, transport, deadline, None, 0)
+            .await
     }
 
-    /// [`Passage::admit_by`] for a turn of `identity` (its budgets' key; `None`: the scope)
-    /// estimated at `tokens`: it first passes the passage's budgets ([`budget`]), refused
-    /// with `rate_limited` (exact retry time) or, with `on_limit = "wait"`, waiting within
-    /// its queue timeout and deadline, so a turn the budget refuses never takes a slot or a
-    /// lease. What it reserved is given back if it is then refused or dropped before it runs;
-    /// a running turn settles it with [`Permit::report_usage`].
+    /// [`Passage::admit_by`] for a turn of priority class `class` ([`ClassId::DEFAULT`]: the
+    /// default class; a position past the last class is the default class too) and of
+    /// `identity` (its budgets' key; `None`: the scope) estimated at `tokens`: it first passes
+    /// the passage's budgets ([`budget`]), refused with `rate_limited` (exact retry time) or,
+    /// with `on_limit = "wait"`, waiting within its queue timeout and deadline, so a turn the
+    /// budget refuses never takes a slot or a lease. What it reserved is given back if it is
+    /// then refused or dropped before it runs; a running turn settles it with
+    /// [`Permit::report_usage`].
     pub async fn admit_as(
         self: &Arc<Self>,
         scope: &str,
+        class: ClassId,
         transport: TransportId,
         deadline: Option<Instant>,
         identity: Option<&[u8]>,
@@ -331,7 +353,7 @@ impl Passage {
             }
         };
         let mut permit = self
-            .admit_slot(scope, transport, deadline, timeout_at)
+            .admit_slot(scope, class, transport, deadline, timeout_at)
             .await?;
         permit.budget = holds.and_then(|mut h| h.0.take());
         Ok(permit)
@@ -341,6 +363,7 @@ impl Passage {
     async fn admit_slot(
         self: &Arc<Self>,
         scope: &str,
+        class: ClassId,
         transport: TransportId,
         deadline: Option<Instant>,
         timeout_at: Option<Duration>,
@@ -356,6 +379,7 @@ impl Passage {
             passage: self,
             turn: Turn::new(transport, self.fleet.is_some()),
         };
+        turn.turn.set_class(class);
         let _ = turn.turn.begin(&**self);
         let (arrived, wakes) =
             turn.turn

@@ -3,7 +3,7 @@ use std::time::Duration;
 use admitgate_budget::{Budget, Limit, Meter, Rate};
 
 use super::*;
-use crate::core_api::ConcurrencyLimit;
+use crate::core_api::{ClassId, ConcurrencyLimit};
 use crate::{Passage, PassageConfig};
 
 fn limiter(name: &str, limits: &[(Meter, &str)], on_limit: OnLimit) -> Arc<RateLimiter> {
@@ -35,10 +35,16 @@ async fn a_refused_turn_takes_no_slot_and_knows_when_to_retry() {
     let p = passage(10, 0, None, RateLimits::new(vec![rl.clone()]));
     let t = p.transport("jsonrpc").unwrap();
     let started = Instant::now();
-    let a = p.admit_as("", t, None, Some(b"alice"), 0).await.unwrap();
-    let _b = p.admit_as("", t, None, Some(b"alice"), 0).await.unwrap();
+    let a = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"alice"), 0)
+        .await
+        .unwrap();
+    let _b = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"alice"), 0)
+        .await
+        .unwrap();
     let refused = p
-        .admit_as("", t, None, Some(b"alice"), 0)
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"alice"), 0)
         .await
         .err()
         .unwrap();
@@ -51,7 +57,10 @@ async fn a_refused_turn_takes_no_slot_and_knows_when_to_retry() {
         "{retry:?}"
     );
     // Another identity is not limited; the refused turn took no slot.
-    let _c = p.admit_as("", t, None, Some(b"bob"), 0).await.unwrap();
+    let _c = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"bob"), 0)
+        .await
+        .unwrap();
     let s = p.stats();
     assert_eq!((s.in_flight, s.admitted, s.rejected), (3, 3, 0));
     let jsonrpc = p.transports().stats();
@@ -79,8 +88,14 @@ async fn wait_waits_for_the_budget_within_the_queue_timeout() {
     );
     let t = p.transport("rest").unwrap();
     let first = Instant::now();
-    let _a = p.admit_as("", t, None, Some(b"k"), 0).await.unwrap();
-    let _b = p.admit_as("", t, None, Some(b"k"), 0).await.unwrap();
+    let _a = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"k"), 0)
+        .await
+        .unwrap();
+    let _b = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"k"), 0)
+        .await
+        .unwrap();
     assert!(
         first.elapsed() >= Duration::from_millis(199),
         "{:?}",
@@ -91,7 +106,7 @@ async fn wait_waits_for_the_budget_within_the_queue_timeout() {
     let deadline = Instant::now() + Duration::from_millis(50);
     let asked = Instant::now();
     let refused = p
-        .admit_as("", t, Some(deadline), Some(b"k"), 0)
+        .admit_as("", ClassId::DEFAULT, t, Some(deadline), Some(b"k"), 0)
         .await
         .err()
         .unwrap();
@@ -105,14 +120,24 @@ async fn a_turn_the_gate_refuses_gives_its_reservation_back() {
     let rl = limiter("chat", &[(Meter::Requests, "1/min")], OnLimit::Reject);
     let p = passage(1, 0, None, RateLimits::new(vec![rl.clone()]));
     let t = p.transport("rest").unwrap();
-    let running = p.admit_as("", t, None, Some(b"a"), 0).await.unwrap();
+    let running = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"a"), 0)
+        .await
+        .unwrap();
     // The gate is full: b is refused by it, and its budget hold is given back ...
-    let refused = p.admit_as("", t, None, Some(b"b"), 0).await.err().unwrap();
+    let refused = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"b"), 0)
+        .await
+        .err()
+        .unwrap();
     assert_eq!(refused.reason, Rejection::QueueFull);
     assert_eq!(rl.stats().returned, 1);
     drop(running);
     // ... so b's one request a minute is still there.
-    let _b = p.admit_as("", t, None, Some(b"b"), 0).await.unwrap();
+    let _b = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"b"), 0)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -120,10 +145,17 @@ async fn a_turn_cancelled_while_queued_gives_its_reservation_back() {
     let rl = limiter("chat", &[(Meter::Requests, "1/min")], OnLimit::Reject);
     let p = passage(1, 5, None, RateLimits::new(vec![rl.clone()]));
     let t = p.transport("rest").unwrap();
-    let running = p.admit_as("", t, None, Some(b"a"), 0).await.unwrap();
+    let running = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"a"), 0)
+        .await
+        .unwrap();
     let queued = tokio::spawn({
         let p = p.clone();
-        async move { p.admit_as("", t, None, Some(b"b"), 0).await.map(drop) }
+        async move {
+            p.admit_as("", ClassId::DEFAULT, t, None, Some(b"b"), 0)
+                .await
+                .map(drop)
+        }
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(p.stats().queued, 1);
@@ -131,7 +163,10 @@ async fn a_turn_cancelled_while_queued_gives_its_reservation_back() {
     let _ = queued.await;
     assert_eq!(rl.stats().returned, 1);
     drop(running);
-    let _b = p.admit_as("", t, None, Some(b"b"), 0).await.unwrap();
+    let _b = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"b"), 0)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -145,9 +180,14 @@ async fn usage_settles_and_later_limiters_refusing_give_earlier_holds_back() {
         RateLimits::new(vec![tokens.clone(), requests.clone()]),
     );
     let t = p.transport("rest").unwrap();
-    let mut a = p.admit_as("", t, None, Some(b"a"), 900).await.unwrap();
+    let mut a = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"a"), 900)
+        .await
+        .unwrap();
     // The estimate holds 900 of 1000: a turn of 200 does not fit ...
-    let refused = p.admit_as("", t, None, Some(b"x"), 200).await;
+    let refused = p
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"x"), 200)
+        .await;
     assert!(refused.is_ok()); // another identity
     assert!(a.report_usage(100));
     assert!(!a.report_usage(100), "settled once");
@@ -156,7 +196,7 @@ async fn usage_settles_and_later_limiters_refusing_give_earlier_holds_back() {
     // ... but after a refund of 800 it does, for the tokens; the request limit then refuses
     // and the token hold is given back whole.
     let refused = p
-        .admit_as("", t, None, Some(b"a"), 200)
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"a"), 200)
         .await
         .err()
         .unwrap();
@@ -165,7 +205,7 @@ async fn usage_settles_and_later_limiters_refusing_give_earlier_holds_back() {
     assert_eq!((s.returned, s.tokens_returned), (1, 200));
     // A cost above the whole window never fits: refused with no retry time.
     let never = p
-        .admit_as("", t, None, Some(b"z"), 5000)
+        .admit_as("", ClassId::DEFAULT, t, None, Some(b"z"), 5000)
         .await
         .err()
         .unwrap();

@@ -8,6 +8,11 @@
 //! ceiling moved by its [`LimitController`](crate::overload::LimitController), so the
 //! algorithms are compared side by side on the same arrivals. Goodput is turns answered to
 //! a client still waiting, over the most the provider could serve.
+//!
+//! A scenario's arrivals may be of several kinds of [`Traffic`] (a priority class each, with
+//! its part of the arrivals and its own patience) spread over tenants; a candidate with an
+//! [`Order`](crate::queue::Order) serves them by class and fair share, and the report has
+//! each kind's goodput and queue wait, in total and over time ([`ClassReport`]).
 
 mod rng;
 mod run;
@@ -15,8 +20,8 @@ mod scenario;
 mod table;
 
 pub use rng::Rng;
-pub use run::{run, Point, Report, TIMELINE_STEP};
-pub use scenario::{standard, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario};
+pub use run::{run, ClassPoint, ClassReport, Point, Report, TIMELINE_STEP};
+pub use scenario::{standard, Algorithm, Candidate, Ceiling, Clients, Provider, Scenario, Traffic};
 pub use table::table;
 
 #[cfg(test)]

@@ -9,10 +9,11 @@ use parking_lot::Mutex;
 
 use super::rng::Rng;
 use super::scenario::{Algorithm, Candidate, Ceiling, Scenario};
-use crate::gate::TurnEnd;
+use crate::gate::{Entrant, TurnEnd};
 use crate::overload::{
     Aimd, CapacitySearch, CapacitySearchConfig, Discipline, Gradient2, LimitController, Outcome,
 };
+use crate::queue::ClassId;
 use crate::{
     Arrival, Claim, ConcurrencyLimit, Decision, Gate, Rejection, TurnSlot, WaiterKey, Waker, Wakes,
 };
@@ -33,6 +34,45 @@ pub struct Point {
     pub capacity: u64,
     /// The share of the provider's answers in the step that were 429s (0 with none).
     pub throttled_share: f64,
+}
+
+/// One kind of traffic's figures over one step of the timeline.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassPoint {
+    /// Its turns served in the step, per second.
+    pub goodput: f64,
+    /// The mean queue wait of its turns that started in the step, seconds (0 with none).
+    pub mean_wait_s: f64,
+}
+
+/// What one kind of traffic (a priority class) got.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassReport {
+    /// Its class's name.
+    pub name: String,
+    /// Its turns offered.
+    pub offered: u64,
+    /// Its turns served to a client still waiting.
+    pub served: u64,
+    /// Its served turns per second over the most the provider could serve (the kinds'
+    /// goodputs add up to the candidate's).
+    pub goodput: f64,
+    /// The 99th percentile of its turns' queue wait (arrival to start), of those that ran.
+    pub p99_wait: Duration,
+    /// Its figures over time, one point per point of the report's timeline.
+    pub timeline: Vec<ClassPoint>,
+}
+
+/// A kind of traffic's running counts.
+#[derive(Default)]
+struct ClassAcc {
+    offered: u64,
+    served: u64,
+    waits: Vec<Duration>,
+    served_in_step: u64,
+    started_in_step: u64,
+    wait_in_step: Duration,
+    timeline: Vec<ClassPoint>,
 }
 
 /// What one candidate achieved in one scenario.
@@ -64,6 +104,8 @@ pub struct Report {
     pub phase_limits: Vec<(u64, u64)>,
     /// Goodput and ceiling over time.
     pub timeline: Vec<Point>,
+    /// Each kind of traffic's figures (empty for a scenario of one kind).
+    pub classes: Vec<ClassReport>,
 }
 
 impl Report {
@@ -105,6 +147,10 @@ enum Turn {
 struct Client {
     arrived: Duration,
     turn: Turn,
+    /// Its kind of traffic (an index into the scenario's), its class and tenant.
+    kind: usize,
+    class: ClassId,
+    scope: Option<Arc<str>>,
     /// The deadline it sent, if it sends one.
     deadline: Option<Duration>,
 }
@@ -138,6 +184,11 @@ struct Sim<'a> {
     answers_in_step: u64,
     throttled_in_step: u64,
     report: Report,
+    /// Per kind of traffic: its class in this candidate's gate, and its counts.
+    kind_class: Vec<ClassId>,
+    classes: Vec<ClassAcc>,
+    /// The tenants' names (empty: none).
+    tenants: Vec<Arc<str>>,
 }
 
 fn controller(ceiling: Ceiling) -> Option<Box<dyn LimitController>> {
@@ -176,6 +227,28 @@ impl<'a> Sim<'a> {
         if timed {
             gate.enable_overload(controller, candidate.discipline);
         }
+        if let Some(order) = &candidate.order {
+            // Checked where the candidate was built; an order the gate refuses leaves it FIFO.
+            if let Ok(wakes) = gate.set_order(order.clone()) {
+                wakes.run();
+            }
+        }
+        let kind_class = scenario
+            .traffic
+            .iter()
+            .map(|t| {
+                candidate.order.as_ref().map_or(ClassId::DEFAULT, |order| {
+                    order
+                        .priorities
+                        .find(&t.class)
+                        .unwrap_or(order.priorities.default_class())
+                })
+            })
+            .collect();
+        let tenants = (0..scenario.tenants)
+            .filter(|_| scenario.tenants > 1)
+            .map(|i| Arc::from(format!("tenant-{i}")))
+            .collect();
         Self {
             scenario,
             candidate,
@@ -206,8 +279,44 @@ impl<'a> Sim<'a> {
                 left_running: 0,
                 phase_limits: Vec::new(),
                 timeline: Vec::new(),
+                classes: Vec::new(),
             },
+            kind_class,
+            classes: scenario
+                .traffic
+                .iter()
+                .map(|_| ClassAcc::default())
+                .collect(),
+            tenants,
         }
+    }
+
+    /// The kind of traffic of the next arrival (0 for a scenario of one kind: no draw, so
+    /// its arrivals are those of a simulator without kinds).
+    fn pick_kind(&mut self) -> usize {
+        let traffic = &self.scenario.traffic;
+        if traffic.len() <= 1 {
+            return 0;
+        }
+        let total: f64 = traffic.iter().map(|t| t.share.max(0.0)).sum();
+        let mut point = self.rng.unit() * total;
+        for (i, t) in traffic.iter().enumerate() {
+            point -= t.share.max(0.0);
+            if point < 0.0 {
+                return i;
+            }
+        }
+        traffic.len().saturating_sub(1)
+    }
+
+    /// The tenant of the next arrival (none without tenants: no draw).
+    fn pick_tenant(&mut self) -> Option<Arc<str>> {
+        if self.tenants.is_empty() {
+            return None;
+        }
+        let n = self.tenants.len() as u64;
+        let i = usize::try_from(self.rng.next_u64().checked_rem(n).unwrap_or(0)).unwrap_or(0);
+        self.tenants.get(i).cloned()
     }
 
     fn schedule(&mut self, after: Duration, event: Event) {
@@ -262,25 +371,47 @@ impl<'a> Sim<'a> {
         let gap = self.rng.exponential(1.0 / self.scenario.arrival_rate());
         self.schedule(Self::seconds(gap), Event::Arrive);
         self.report.offered = self.report.offered.saturating_add(1);
+        let kind = self.pick_kind();
+        let scope = self.pick_tenant();
+        let class = self
+            .kind_class
+            .get(kind)
+            .copied()
+            .unwrap_or(ClassId::DEFAULT);
+        let patience = self
+            .scenario
+            .traffic
+            .get(kind)
+            .and_then(|t| t.patience)
+            .unwrap_or(self.scenario.clients.patience);
+        if let Some(acc) = self.classes.get_mut(kind) {
+            acc.offered = acc.offered.saturating_add(1);
+        }
         let client = self.clients.len();
         self.clients.push(Client {
             arrived: self.now,
             turn: Turn::Done,
             deadline: None,
+            kind,
+            class,
+            scope: scope.clone(),
         });
-        self.schedule(self.scenario.clients.patience, Event::GiveUp(client));
+        self.schedule(patience, Event::GiveUp(client));
         let now = self.now;
         let deadline = self
             .scenario
             .clients
             .send_deadline
-            .then(|| now.saturating_add(self.scenario.clients.patience));
+            .then(|| now.saturating_add(patience));
         if let Some(c) = self.clients.get_mut(client) {
             c.deadline = deadline;
         }
-        let (arrival, wakes) = self
-            .gate
-            .arrive_by(None, None, Decision::Admit, deadline, || now);
+        let entrant = Entrant {
+            scope: scope.as_deref(),
+            class,
+            deadline,
+        };
+        let (arrival, wakes) = self.gate.arrive_as(entrant, None, Decision::Admit, || now);
         wakes.run();
         match arrival {
             Arrival::Admitted(_) => self.start(client),
@@ -348,9 +479,16 @@ impl<'a> Sim<'a> {
         } else {
             self.scenario.provider.refusal_latency
         };
+        let now = self.now;
         if let Some(c) = self.clients.get_mut(client) {
+            let wait = now.saturating_sub(c.arrived);
+            if let Some(acc) = self.classes.get_mut(c.kind) {
+                acc.waits.push(wait);
+                acc.started_in_step = acc.started_in_step.saturating_add(1);
+                acc.wait_in_step = acc.wait_in_step.saturating_add(wait);
+            }
             c.turn = Turn::Running {
-                slot: TurnSlot::new(None),
+                slot: TurnSlot::in_class(c.scope.clone(), c.class),
                 started: self.now,
                 in_flight,
                 accepted,
@@ -403,6 +541,10 @@ impl<'a> Sim<'a> {
             self.report.served = self.report.served.saturating_add(1);
             self.served_in_step = self.served_in_step.saturating_add(1);
             self.latencies.push(self.now.saturating_sub(c.arrived));
+            if let Some(acc) = self.classes.get_mut(c.kind) {
+                acc.served = acc.served.saturating_add(1);
+                acc.served_in_step = acc.served_in_step.saturating_add(1);
+            }
             self.end_turn(client, Outcome::Success);
         } else {
             self.report.throttled = self.report.throttled.saturating_add(1);
@@ -480,6 +622,20 @@ impl<'a> Sim<'a> {
         self.served_in_step = 0;
         self.answers_in_step = 0;
         self.throttled_in_step = 0;
+        for acc in &mut self.classes {
+            let mean_wait_s = if acc.started_in_step == 0 {
+                0.0
+            } else {
+                acc.wait_in_step.as_secs_f64() / acc.started_in_step as f64
+            };
+            acc.timeline.push(ClassPoint {
+                goodput: acc.served_in_step as f64 / TIMELINE_STEP.as_secs_f64(),
+                mean_wait_s,
+            });
+            acc.served_in_step = 0;
+            acc.started_in_step = 0;
+            acc.wait_in_step = Duration::ZERO;
+        }
     }
 
     fn finish(mut self) -> Report {
@@ -494,6 +650,26 @@ impl<'a> Sim<'a> {
             .get(rank.min(self.latencies.len().saturating_sub(1)))
             .copied()
             .unwrap_or_default();
+        let rate = duration.as_secs_f64().max(1e-9) * physical.max(1e-9);
+        for (acc, traffic) in std::mem::take(&mut self.classes)
+            .into_iter()
+            .zip(&self.scenario.traffic)
+        {
+            let mut waits = acc.waits;
+            waits.sort_unstable();
+            let rank = (waits.len() as f64 * 0.99) as usize;
+            self.report.classes.push(ClassReport {
+                name: traffic.class.clone(),
+                offered: acc.offered,
+                served: acc.served,
+                goodput: acc.served as f64 / rate,
+                p99_wait: waits
+                    .get(rank.min(waits.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or_default(),
+                timeline: acc.timeline,
+            });
+        }
         self.report
     }
 }

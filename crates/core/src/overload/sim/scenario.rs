@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::overload::Discipline;
+use crate::queue::Order;
 use crate::Overflow;
 
 /// The LLM provider: a concurrency capacity that may change over time, a service time, and
@@ -55,6 +56,19 @@ pub struct Clients {
     pub send_deadline: bool,
 }
 
+/// One kind of traffic among the clients' arrivals: its priority class's name, its part of
+/// the arrivals and its clients' patience.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Traffic {
+    /// The class its turns name (`admit(priority=...)`); a gate without that class puts
+    /// them in its default class.
+    pub class: String,
+    /// Its fraction of the arrivals (the fractions of a scenario's traffic are normalised).
+    pub share: f64,
+    /// How long its clients wait for a turn; `None`: the clients' patience.
+    pub patience: Option<Duration>,
+}
+
 /// One simulated situation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {
@@ -68,6 +82,10 @@ pub struct Scenario {
     pub duration: Duration,
     /// The seed of its arrivals and service times.
     pub seed: u64,
+    /// The kinds of traffic, most important first (empty: one kind, no class, as before).
+    pub traffic: Vec<Traffic>,
+    /// How many tenants the arrivals are spread over, uniformly (0 or 1: none).
+    pub tenants: u32,
 }
 
 impl Scenario {
@@ -115,6 +133,8 @@ pub struct Candidate {
     pub queue_timeout: Option<Duration>,
     /// `queue_discipline`.
     pub discipline: Discipline,
+    /// The queue's order (priority classes, fair queuing across tenants); `None`: FIFO.
+    pub order: Option<Order>,
 }
 
 impl Candidate {
@@ -127,6 +147,7 @@ impl Candidate {
             overflow: Overflow::Reject,
             queue_timeout: None,
             discipline: Discipline::Fifo,
+            order: None,
         }
     }
 
@@ -140,6 +161,7 @@ impl Candidate {
             overflow: Overflow::Reject,
             queue_timeout: None,
             discipline: Discipline::AdaptiveLifo,
+            order: None,
         }
     }
 
@@ -152,6 +174,7 @@ impl Candidate {
             overflow: Overflow::Reject,
             queue_timeout: None,
             discipline: Discipline::Fifo,
+            order: None,
         }
     }
 
@@ -166,6 +189,7 @@ impl Candidate {
             overflow: Overflow::Reject,
             queue_timeout: None,
             discipline: Discipline::Fifo,
+            order: None,
         };
         vec![
             adaptive("aimd (vector arc), fifo", Algorithm::Aimd),
@@ -211,6 +235,8 @@ pub fn standard(phase: Duration, seed: u64) -> Vec<Scenario> {
             },
             duration: phase.saturating_mul(3),
             seed,
+            traffic: Vec::new(),
+            tenants: 0,
         });
     }
     for send_deadline in [false, true] {
@@ -229,6 +255,8 @@ pub fn standard(phase: Duration, seed: u64) -> Vec<Scenario> {
             },
             duration: phase.saturating_mul(3),
             seed,
+            traffic: Vec::new(),
+            tenants: 0,
         });
     }
     scenarios

@@ -136,3 +136,77 @@ fn heavy_tailed_service_times_do_not_ratchet_the_ceiling() {
         }
     }
 }
+
+/// Two kinds of traffic at 10x overload: people (5% of arrivals, 2 s patience) and a batch
+/// (0.5 s patience). With classes the people are served and the batch takes what they leave;
+/// with FIFO the people wait behind the batch and many leave.
+#[test]
+fn classes_serve_the_interactive_traffic_and_the_batch_takes_the_rest() {
+    use crate::queue::{Order, Priorities, PriorityClass};
+    let scenario = Scenario {
+        name: "classes".to_owned(),
+        provider: Provider {
+            capacity: vec![(Duration::ZERO, 16)],
+            service_mean: Duration::from_millis(50),
+            service_sigma: 0.25,
+            refusal_latency: Duration::from_millis(1),
+        },
+        clients: Clients {
+            patience: Duration::from_millis(500),
+            load: 10.0,
+            send_deadline: false,
+        },
+        duration: Duration::from_secs(8),
+        seed: SEED,
+        traffic: vec![
+            Traffic {
+                class: "interactive".to_owned(),
+                share: 0.05,
+                patience: Some(Duration::from_secs(2)),
+            },
+            Traffic {
+                class: "batch".to_owned(),
+                share: 0.95,
+                patience: None,
+            },
+        ],
+        tenants: 10,
+    };
+    let classes = Priorities::new(
+        vec![
+            PriorityClass::shared("interactive", 0.5, 1.0),
+            PriorityClass::shared("batch", 0.2, 1.0),
+        ],
+        None,
+    )
+    .unwrap();
+    let fifo = Candidate {
+        queue_depth: 64,
+        ..Candidate::fixed(16)
+    };
+    let classed = Candidate {
+        order: Some(Order {
+            priorities: classes,
+            fair: true,
+            weights: Default::default(),
+        }),
+        ..fifo.clone()
+    };
+    let with = run(&scenario, &classed);
+    let without = run(&scenario, &fifo);
+    let served = |r: &Report, i: usize| r.classes[i].served as f64 / r.classes[i].offered as f64;
+    assert!(served(&with, 0) >= 0.99, "{:?}", with.classes[0]);
+    assert!(with.classes[0].p99_wait <= Duration::from_millis(100));
+    assert!(served(&without, 0) < served(&with, 0));
+    assert!(with.goodput >= 0.9, "{}", with.goodput);
+    let sum: f64 = with.classes.iter().map(|c| c.goodput).sum();
+    assert!((sum - with.goodput).abs() < 1e-9);
+    assert_eq!(with.classes[0].timeline.len(), with.timeline.len());
+    // A scenario without kinds draws nothing more: its run is the simulator's as before.
+    let plain = Scenario {
+        traffic: Vec::new(),
+        tenants: 0,
+        ..scenario.clone()
+    };
+    assert!(run(&plain, &fifo).classes.is_empty());
+}
