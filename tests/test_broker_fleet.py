@@ -329,3 +329,44 @@ def test_a_request_waiting_for_its_fleet_lease_counts_as_queued(
         env.latches[second].release()
         assert a.stop() == 0
         assert b.stop() == 0
+
+
+def test_brokers_with_classes_order_the_fleet_by_them_and_one_with_other_classes_is_refused(
+    env: Any, redis_server: Any
+) -> None:
+    """`--priority` with `--fleet` reaches the fleet's lease queue: the fleet keeps the classes'
+    identity while a broker that has them holds a lease, and a broker configured with other
+    classes on the same key is refused (`fleet_unavailable`) rather than serving the fleet's
+    tickets by its own shares (docs/priorities.md, "Across a fleet")."""
+    fleet_key = f"broker-test:{uuid.uuid4().hex[:8]}"
+    common = ("--upstream", env.server.url, "--max-in-flight", "2", "--fleet", redis_server.url)
+    classes = ("--priority", "interactive:min=0.5", "--priority", "batch:min=0.2")
+    a = BrokerProcess(env.binary, *common, "--fleet-key", fleet_key, *classes)
+    same = BrokerProcess(env.binary, *common, "--fleet-key", fleet_key, *classes)
+    other = BrokerProcess(
+        env.binary, *common, "--fleet-key", fleet_key, "--priority", "chat", "--priority", "bulk"
+    )
+    try:
+        results: list[int] = []
+        k = uuid.uuid4().hex[:8]
+        thread = threading.Thread(target=post_hold, args=(a.url, k, results))
+        thread.start()
+        wait_until(lambda: env.latches[k].started.is_set())
+        refused = httpx.post(
+            other.url + "/message:send", json=send_params("echo other"), headers=A2A_HEADERS
+        )
+        assert refused.headers.get("admitgate-reason") == "fleet_unavailable", (
+            refused.status_code,
+            refused.text,
+        )
+        agrees = httpx.post(
+            same.url + "/message:send", json=send_params("echo same"), headers=A2A_HEADERS
+        )
+        assert agrees.status_code == 200, agrees.text
+        env.latches[k].release()
+        thread.join(10)
+        assert results == [200]
+    finally:
+        assert a.stop() == 0
+        assert same.stop() == 0
+        assert other.stop() == 0
