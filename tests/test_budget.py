@@ -250,8 +250,11 @@ async def test_the_event_loop_is_not_blocked_by_a_waiting_turn():
                 pass
 
     await asyncio.gather(ticker(), turns())
+    # The second turn waited ~0.3 s for its budget: a wait that blocked the loop would show as
+    # one gap that long. (The bound leaves room for a loaded host's preemption; admitgate's
+    # own time on the loop is bounded in tests/test_budget_fleet.py.)
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
-    assert max(gaps) < 0.01 + 0.05, max(gaps)
+    assert max(gaps) < 0.2, max(gaps)
 
 
 # --- generated sequences -----------------------------------------------------------------

@@ -149,6 +149,9 @@ impl Admission {
 
     /// The turn ran: its budgets keep its estimates unless it reports its usage.
     pub(super) fn budget_ran(&self) {
+        if self.gate.get().rate_limits().is_empty() {
+            return; // every turn's path: no lock without a budget
+        }
         let mut state = self.budget.lock();
         if let BudgetState::Held(_) = &*state {
             if let BudgetState::Held(holds) = std::mem::take(&mut *state) {
@@ -160,6 +163,9 @@ impl Admission {
     /// The turn will not run (refused, cancelled, abandoned): its budgets get back whatever
     /// it reserved.
     pub(super) fn give_back_budget(&self) {
+        if self.gate.get().rate_limits().is_empty() {
+            return;
+        }
         let state = {
             let mut state = self.budget.lock();
             match &*state {
