@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admitgate_passage::turn::{Arrived, Claimed, NotLeasing, Report, WaitEnd};
-use admitgate_passage::{Held, Turn, TurnLease};
+use admitgate_passage::{Turn, TurnLease};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -32,7 +32,7 @@ use super::runtime::{deadline_after, log, now};
 use super::wake::{Core, PyWaker};
 use admitgate_core::overload::Outcome;
 use admitgate_core::transport::TransportId;
-use admitgate_core::{ClassId, Registered, Rejection, WaiterKey, Wakes};
+use admitgate_core::{ClassId, Registered, Rejection, WaiterKey};
 
 /// One turn's passage through the gate: the context manager `gate.admit()` returns (its
 /// Python methods are in `enter`).
@@ -192,23 +192,11 @@ impl Admission {
     }
 
     fn start(admission: &Bound<'_, Self>) -> PyResult<()> {
-        let var = human_wait_scope(admission.py());
-        let this = admission.get();
-        let (held, wakes) = this.turn.lock().start(&**this.core(), var.is_some(), now);
-        Self::started(admission, var, held, wakes)
-    }
-
-    /// The turn has started (under its lock, now released): wakes are run and, inside
-    /// BotOS, `HUMAN_WAIT_SCOPE` is bound to the hook sharing its slot.
-    fn started(
-        admission: &Bound<'_, Self>,
-        var: Option<&Bound<'_, PyAny>>,
-        held: Option<Arc<Held>>,
-        wakes: Wakes<PyWaker>,
-    ) -> PyResult<()> {
         let py = admission.py();
         let this = admission.get();
         let core = this.core();
+        let var = human_wait_scope(py);
+        let (held, wakes) = this.turn.lock().start(&**core, var.is_some(), now);
         if !wakes.is_empty() {
             wakes.run(); // only a timed turn's start can wake anyone
         }
@@ -349,28 +337,17 @@ impl Admission {
         }
         // Asked before the turn's lock is taken: the policy is Python; its answer is data.
         let decided = gate.foreign_decision(py, session_id.as_any(), scope);
-        // Looked up before the lock too (its first call imports).
-        let var = human_wait_scope(py);
-        let (arrived, wakes, started) = {
-            let mut turn = this.turn.lock();
-            let (arrived, wakes) =
-                turn.arrive(&**core, scope, decided, resource, this.deadline_at, now);
-            // A turn granted at once starts under the same lock (the uncontended path takes
-            // it once); with a fleet limit it waits for its lease first (`enter`).
-            let started = (arrived == Arrived::Granted && gate.fleet().is_none())
-                .then(|| turn.start(&**core, var.is_some(), now));
-            (arrived, wakes, started)
-        };
+        let (arrived, wakes) =
+            this.turn
+                .lock()
+                .arrive(&**core, scope, decided, resource, this.deadline_at, now);
         wakes.run();
         if arrived != Arrived::Granted {
             core.sweep_closed_loops(py);
         }
         match arrived {
             Arrived::Granted => {
-                match started {
-                    Some((held, wakes)) => Self::started(slf, var, held, wakes)?,
-                    None => Self::enter(slf)?,
-                }
+                Self::enter(slf)?;
                 Ok(Entry::Running)
             }
             Arrived::Refused(refused) => {
