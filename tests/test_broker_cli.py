@@ -88,6 +88,8 @@ def test_a_busy_port_is_one_line_and_exit_2_not_a_traceback() -> None:
         (["--max-in-flight-per-tenant", "2"], "--max-in-flight-per-tenant needs --tenant-from"),
         (["--upstream-protocol", "h3"], "--upstream-protocol must be http1, h2 or auto"),
         (["--jsonrpc-path", "rpc"], "--jsonrpc-path must start with /"),
+        (["--threads", "0"], "--threads must be between 1 and 1024, got 0"),
+        (["--threads", "1025"], "--threads must be between 1 and 1024, got 1025"),
         (["--max-inflight", "3"], "tip: a similar argument exists: '--max-in-flight'"),
     ],
 )

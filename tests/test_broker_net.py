@@ -208,11 +208,18 @@ def expected_echo(body: bytes) -> bytes:
     return f"{len(body)} {hashlib.sha256(body).hexdigest()[:16]}".encode()
 
 
-def test_a_kept_alive_connection_serves_bodies_and_pipelined_requests_in_order(env: Any) -> None:
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_kept_alive_connection_serves_bodies_and_pipelined_requests_in_order(
+    env: Any, threads: str
+) -> None:
     """One socket: a GET, a body in a later segment, a chunked body, then three requests in
     one segment (the second's body and the third arrive with the first): every answer in
-    order, none says Connection: close, the socket stays open."""
-    broker = BrokerProcess(env.binary, "--upstream", env.server.url, metrics=False)
+    order, none says Connection: close, the socket stays open. With one thread (a
+    current-thread runtime) and with two; the requests follow each other within the linger,
+    so the socket is served as a busy one after the first."""
+    broker = BrokerProcess(
+        env.binary, "--upstream", env.server.url, "--threads", threads, metrics=False
+    )
     host, port = broker.address.split(":")
     try:
         with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -295,12 +302,57 @@ def test_idle_kept_alive_connections_hold_no_hyper_buffers(env: Any) -> None:
         assert broker.stop() == 0
 
 
-def test_the_drain_closes_idle_kept_alive_connections_at_once(env: Any) -> None:
+def test_busy_connections_hand_their_buffers_back_once_idle(env: Any) -> None:
+    """300 connections, each sending a second request right after its first answer (a busy
+    socket: its hyper connection lingers, buffers and all, for the next request), then
+    idle: once the linger (100 ms) is over they hold no hyper buffers, as a connection that
+    sent one request (well under 10 KB each, not hyper's 16 KiB)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    broker = BrokerProcess(
+        env.binary, "--upstream", nowhere, "--first-bytes-timeout", "120", metrics=False
+    )
+    host, port = broker.address.split(":")
+    request = b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+    sockets: list[socket.socket] = []
+    try:
+        warm = socket.create_connection((host, int(port)), timeout=10)
+        sockets.append(warm)
+        for _ in range(2):
+            warm.sendall(request)
+            read_response(warm, bytearray())
+        time.sleep(0.3)
+        before = rss_kb(broker.process.pid)
+        for _ in range(300):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sockets.append(sock)
+            buffered = bytearray()
+            for _ in range(2):
+                sock.sendall(request)
+                assert read_response(sock, buffered)[0].startswith(b"HTTP/1.1 502")
+        time.sleep(0.5)
+        per_connection = (rss_kb(broker.process.pid) - before) / 300
+        assert per_connection < 8, f"{per_connection:.1f} KB per idle connection"
+        for sock in sockets[::40]:
+            sock.sendall(request)
+            assert read_response(sock, bytearray())[0].startswith(b"HTTP/1.1 502")
+    finally:
+        for sock in sockets:
+            sock.close()
+        assert broker.stop() == 0
+
+
+@pytest.mark.parametrize("requests", [1, 2])
+def test_the_drain_closes_idle_kept_alive_connections_at_once(env: Any, requests: int) -> None:
+    """Idle after one request, or lingering after two back to back (a busy socket's hyper
+    connection waits 100 ms for the next request): the drain closes it at once."""
     broker = BrokerProcess(env.binary, "--upstream", env.server.url, metrics=False)
     host, port = broker.address.split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
-        read_response(sock, bytearray())
+        for _ in range(requests):
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            read_response(sock, bytearray())
         started = time.monotonic()
         closed = threading.Event()
 

@@ -287,6 +287,8 @@ def test_serve_twice_in_a_row_and_never_twice_at_once(agent: Any) -> None:
         ({"listen": "localhost:80"}, ValueError, "listen must be an IP:port address"),
         ({"metrics_listen": 9464}, TypeError, "metrics_listen must be a str, got 9464"),
         ({"tenant_from": "cookie:x"}, ValueError, "tenant_from must be header:NAME or path"),
+        ({"threads": 0}, ValueError, "threads must be between 1 and 1024, got 0"),
+        ({"threads": 1.5}, ValueError, "threads must be an integer, got 1.5"),
         ({"max_in_flight_per_tenant": 2}, ValueError, "max_in_flight_per_tenant needs"),
         ({"config": 3.5}, TypeError, "config must be a path (str or os.PathLike), got 3.5"),
         ({"config": "/nonexistent.yaml"}, ValueError, "config /nonexistent.yaml"),

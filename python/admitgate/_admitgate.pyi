@@ -917,6 +917,7 @@ def serve_broker(
     max_buffered_body: int | None = None,
     abandoned_response_timeout: float | None = None,
     send_timeout: float | None = None,
+    threads: int | None = None,
     readiness_path: str | None = None,
     priority: Sequence[str] | None = None,
     default_priority: str | None = None,

@@ -361,6 +361,7 @@ fn wait_for_the_end(py: Python<'_>, running: &mut Running, requested: &AtomicBoo
     max_buffered_body=None,
     abandoned_response_timeout=None,
     send_timeout=None,
+    threads=None,
     readiness_path=None,
     priority=None,
     default_priority=None,
@@ -409,6 +410,7 @@ pub fn serve_broker(
     max_buffered_body: Option<Bound<'_, PyAny>>,
     abandoned_response_timeout: Option<Bound<'_, PyAny>>,
     send_timeout: Option<Bound<'_, PyAny>>,
+    threads: Option<Bound<'_, PyAny>>,
     readiness_path: Option<Bound<'_, PyAny>>,
     priority: Option<Bound<'_, PyAny>>,
     default_priority: Option<Bound<'_, PyAny>>,
@@ -459,6 +461,7 @@ pub fn serve_broker(
                 &abandoned_response_timeout,
             )?,
             send_timeout: number("send_timeout", &send_timeout)?,
+            threads: count("threads", &threads)?.map(|n| n as usize),
             readiness_path: text("readiness_path", &readiness_path)?,
             config: path("config", &config)?,
             priorities: admitgate_broker::priority::PriorityFlags {

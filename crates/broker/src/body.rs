@@ -52,6 +52,11 @@ impl Exchanges {
         self.requests.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// How many requests arrived.
+    pub fn requests(&self) -> u32 {
+        self.requests.load(Ordering::Acquire)
+    }
+
     /// A request asked for an upgrade.
     pub fn upgrade(&self) {
         self.upgraded.store(true, Ordering::Release);

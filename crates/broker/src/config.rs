@@ -168,6 +168,13 @@ pub struct Flags {
     /// send_timeout). Its request is then treated as one whose client left. Default 60.
     #[arg(long, value_name = "SECONDS")]
     pub send_timeout: Option<f64>,
+    /// Threads serving clients. 1: one thread does everything (a current-thread runtime: no
+    /// work stealing, no wake crossing threads; the cheapest per request, for a sidecar
+    /// given one CPU or less). N > 1: a multi-thread runtime with N workers. Default: the CPUs
+    /// this process may use (its CPU affinity and cgroup CPU quota, rounded down, at least 1),
+    /// at most 4.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// The path the readiness probe asks the agent for (`GET`; any answer counts), only
     /// when /readyz is served (--metrics-listen). Default the A2A agent card,
     /// /.well-known/agent-card.json below --path-prefix.
@@ -243,6 +250,7 @@ struct FileSettings {
     max_buffered_body: Option<usize>,
     abandoned_response_timeout: Option<f64>,
     send_timeout: Option<f64>,
+    threads: Option<usize>,
     readiness_path: Option<String>,
     /// `--priority`, one entry per class (`crate::priority::FileClass`).
     priorities: Option<Vec<crate::priority::FileClass>>,
@@ -322,6 +330,7 @@ pub struct Config {
     pub max_buffered_body: usize,
     pub abandoned_response_timeout: Duration,
     pub send_timeout: Duration,
+    pub threads: usize,
     pub readiness_path: String,
     /// Priority classes and where a request's class comes from.
     pub priority: crate::priority::PrioritySettings,
@@ -400,6 +409,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
     }
     previous.last().copied().unwrap_or(0)
 }
+
+/// The most `--threads` takes.
+pub const MAX_THREADS: usize = 1024;
 
 fn seconds(name: &str, value: f64, allow_zero: bool) -> Result<Duration, ConfigError> {
     if !value.is_finite() || value < 0.0 || (!allow_zero && value == 0.0) || value > 86_400.0 {
@@ -637,6 +649,17 @@ impl Config {
                 name!(max_buffered_body)
             ));
         }
+        let threads = match pick!(threads) {
+            // std reads the affinity mask and the cgroup's cpu.max quota.
+            None => std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4)),
+            Some(n) if (1..=MAX_THREADS).contains(&n) => n,
+            Some(n) => {
+                return err(format!(
+                    "{} must be between 1 and {MAX_THREADS}, got {n}",
+                    name!(threads)
+                ))
+            }
+        };
         let readiness_path = match pick!(readiness_path) {
             None => format!(
                 "{}/.well-known/agent-card.json",
@@ -728,6 +751,7 @@ impl Config {
                 pick!(send_timeout).unwrap_or(60.0),
                 false,
             )?,
+            threads,
             readiness_path,
         })
     }
@@ -787,6 +811,28 @@ mod tests {
             .to_string();
         assert!(e.contains("max_inflight"), "{e}");
         std::fs::remove_file(&dir).unwrap();
+    }
+
+    #[test]
+    fn threads_default_to_the_usable_cpus_and_bad_counts_are_named() {
+        let c = Config::from_args(["b", "--upstream", "http://x:1"]).unwrap();
+        let usable = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(c.threads, usable.clamp(1, 4));
+        let c = Config::from_args(["b", "--upstream", "http://x:1", "--threads", "3"]).unwrap();
+        assert_eq!(c.threads, 3);
+        for bad in ["0", "1025"] {
+            let e = Config::from_args(["b", "--upstream", "http://x:1", "--threads", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("--threads must be between 1 and 1024, got {bad}")),
+                "{e}"
+            );
+        }
+        let e = Config::from_args(["b", "--upstream", "http://x:1", "--threads", "-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--threads"), "{e}");
     }
 
     #[test]

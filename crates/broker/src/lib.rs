@@ -295,11 +295,22 @@ fn signalled() -> impl std::future::Future<Output = ()> {
     }
 }
 
-/// The broker's own runtime: a few worker threads (the proxy is I/O-bound).
-fn runtime() -> Result<tokio::runtime::Runtime, Error> {
-    tokio::runtime::Builder::new_multi_thread()
+/// The broker's own runtime, `threads` wide (`--threads`). With one thread and a caller
+/// that drives it (`driven`: [`run`] blocks on it for the broker's whole life) it is a
+/// current-thread runtime: every task (the accept loop, each connection, hyper's h2 stream
+/// tasks, the upstream pool's connections) runs on that thread, so no wake crosses threads.
+/// Otherwise (more threads, or [`Running`], whose caller enters the runtime only now and
+/// then) a multi-thread runtime with `threads` workers.
+fn runtime(threads: usize, driven: bool) -> Result<tokio::runtime::Runtime, Error> {
+    let mut builder = if threads <= 1 && driven {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads.max(1));
+        builder
+    };
+    builder
         .enable_all()
-        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4)))
         .build()
         .map_err(|e| Error::Start(format!("runtime: {e}")))
 }
@@ -308,7 +319,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 /// the standalone binary.
 pub fn run(config: Config) -> Result<(), Error> {
     logging::install();
-    let runtime = runtime()?;
+    let runtime = runtime(config.threads, true)?;
     runtime.block_on(async move {
         let (stop, stopped) = watch::channel(false);
         let signal = signalled();
@@ -337,7 +348,7 @@ impl Running {
     /// the `listening` line is logged.
     pub fn start(config: Config) -> Result<Self, Error> {
         logging::install();
-        let runtime = runtime()?;
+        let runtime = runtime(config.threads, false)?;
         let bound = runtime.block_on(Bound::new(config))?;
         let (stop, stopped) = watch::channel(false);
         let task = Some(runtime.spawn(bound.serve(stopped)));

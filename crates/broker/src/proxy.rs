@@ -211,9 +211,11 @@ impl Broker {
         // whatever its `content-type` or `Upgrade` say. An h2c agent routes by path alone,
         // so `POST /message:send` labelled `application/grpc` is still a send there.
         let grpc = is_grpc(&request);
-        let raw_path = request.uri().path().to_owned();
-        let path = decode_path(&raw_path);
-        let grpc_work = self.rules.grpc_gates(&raw_path) || self.rules.grpc_gates(&path);
+        // The URI's clone shares its bytes (no copy of the path).
+        let uri = request.uri().clone();
+        let raw_path = uri.path();
+        let path = decode_path(raw_path);
+        let grpc_work = self.rules.grpc_gates(raw_path) || self.rules.grpc_gates(&path);
         let reached = self.rules.route(request.method().as_str(), &path, "");
         let route_verdict = self.rules.route_verdict(reached.kind);
         if request.version() == Version::HTTP_11 {

@@ -17,7 +17,11 @@
 //! exchange that did not end cleanly (a request body left unread, a response cut off, an
 //! upgrade) keeps hyper's own handling: the connection closes (or is upgraded) as before.
 //! The cost is a fresh hyper connection per request on a kept-alive socket (two buffer
-//! allocations and one `peek`), measured in BENCHMARKS.md.
+//! allocations and one `peek`), measured in BENCHMARKS.md. A *busy* socket skips it: once a
+//! client sends its next request within [`LINGER`] of the socket being taken back, each
+//! later hyper connection on it lingers that long after its exchanges end before handing
+//! the socket back, so a client sending requests back to back keeps one hyper connection
+//! (and its buffers) while it is busy, and a socket idle for longer holds none, as before.
 //!
 //! The protocol is chosen by the first bytes: the HTTP/2 preface, else HTTP/1.1.
 //!
@@ -55,6 +59,11 @@ use io::ClientIo;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How soon a client's next request must follow for its socket to count as busy, and how
+/// long the hyper connection of a busy socket waits for the next request before the socket
+/// is taken back (see the module documentation).
+pub const LINGER: Duration = Duration::from_millis(100);
 
 /// The hyper builders every connection uses.
 struct Builders {
@@ -145,14 +154,17 @@ impl Connection {
             return;
         }
         let mut io = ClientIo::new(stream, prefix, self.broker.config.send_timeout);
+        let mut busy = false;
         loop {
-            match self.serve_h1(io).await {
+            match self.serve_h1(io, busy).await {
                 Served::Done => return,
                 Served::HandedBack(back) => io = back,
             }
+            let handed_back = tokio::time::Instant::now();
             if !io.has_buffered() && !self.readable(&io, timeout).await {
                 return;
             }
+            busy = handed_back.elapsed() < LINGER;
         }
     }
 
@@ -198,8 +210,9 @@ impl Connection {
         }
     }
 
-    /// Serves HTTP/1.1 on `io` until the connection ends or every exchange has ended.
-    async fn serve_h1(&mut self, mut io: ClientIo) -> Served {
+    /// Serves HTTP/1.1 on `io` until the connection ends or every exchange has ended (and,
+    /// on a `busy` socket, no new one began for [`LINGER`]).
+    async fn serve_h1(&mut self, mut io: ClientIo, busy: bool) -> Served {
         let exchanges = Arc::new(Exchanges::default());
         let service = {
             let broker = self.broker.clone();
@@ -239,6 +252,10 @@ impl Connection {
             let _ = drain.wait_for(|draining| *draining).await;
         });
         let mut draining = false;
+        // A busy socket's connection lingers: armed while every exchange has ended.
+        let mut linger = busy.then(|| Box::pin(tokio::time::sleep(LINGER)));
+        // The request count the linger was armed at: a later request re-arms it.
+        let mut armed_at = None;
         let ended = std::future::poll_fn(|cx| {
             if !draining && drained.as_mut().poll(cx).is_ready() {
                 draining = true;
@@ -253,6 +270,19 @@ impl Connection {
                 }
                 if asked || draining || !exchanges.all_ended() {
                     return Poll::Pending;
+                }
+                if let Some(linger) = linger.as_mut() {
+                    let requests = exchanges.requests();
+                    if armed_at != Some(requests) {
+                        armed_at = Some(requests);
+                        let now = tokio::time::Instant::now();
+                        linger
+                            .as_mut()
+                            .reset(now.checked_add(LINGER).unwrap_or(now));
+                    }
+                    if linger.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
                 }
                 // Every exchange ended both ways: hyper finishes what it writes, then ends
                 // without shutting the socket down, and the socket is taken back.

@@ -166,9 +166,13 @@ impl Rules {
 
 /// A request target's path as an ASGI server hands it to the app: percent-decoded as
 /// `urllib.parse.unquote` decodes (UTF-8, invalid sequences replaced by U+FFFD), the query
-/// dropped.
-pub fn decode_path(target: &str) -> String {
+/// dropped. A path with no `%` (nearly every request) is borrowed, not copied: classifying
+/// a request allocates nothing.
+pub fn decode_path(target: &str) -> std::borrow::Cow<'_, str> {
     let path = target.split('?').next().unwrap_or("");
+    if !path.contains('%') {
+        return std::borrow::Cow::Borrowed(path);
+    }
     let bytes = path.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0usize;
@@ -184,7 +188,7 @@ pub fn decode_path(target: &str) -> String {
         out.push(b);
         i = i.saturating_add(1);
     }
-    String::from_utf8_lossy(&out).into_owned()
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 #[cfg(test)]
@@ -240,6 +244,10 @@ mod tests {
     #[test]
     fn paths_decode_as_unquote() {
         assert_eq!(decode_path("/message:send%0A?x=1"), "/message:send\n");
+        assert!(matches!(
+            decode_path("/message:send?x=%41"),
+            std::borrow::Cow::Borrowed("/message:send")
+        ));
         assert_eq!(
             decode_path("/a%2Fb%zz%e2%82%ac%ff"),
             "/a/b%zz\u{20ac}\u{fffd}"
