@@ -283,6 +283,11 @@ class Broker(Subject):
             process.stop()
 
 
+def broker_maker(name: str, command: list[str], upstream: Upstream) -> Callable[[], Subject]:
+    """Starts a fresh :class:`Broker` each time it is called (one per memory figure)."""
+    return lambda: Broker(name, command, upstream)
+
+
 def oha(
     pin: Pinning,
     port: int,
@@ -586,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_haproxy:
                 makers["haproxy"] = lambda: HAProxy(upstream, workdir, pin)
             for name, command in commands.items():
-                makers[name] = lambda name=name, command=command: Broker(name, command, upstream)
+                makers[name] = broker_maker(name, command, upstream)
             if not args.no_memory:
                 memory(results, makers)
             subjects: list[Subject] = [Direct(upstream)]

@@ -81,6 +81,7 @@ async def main(config: dict[str, Any]) -> None:
                 finally:
                     calls.append(time.perf_counter() - called)
                 turn = await entering
+                assert turn is not None  # the turn is yielded on every gate
                 server = turn._budget_server_time
                 if server is None:
                     fleet_local[identity].append([before, time.time()])

@@ -70,6 +70,7 @@ async def replica(config: dict[str, Any]) -> None:
         fairness="tenant",
         fleet=limit,
     )
+    assert gate is not None
     await limit.connect()
     rng = random.Random(config["seed"])
     low, high = config["hold"]

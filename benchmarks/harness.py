@@ -11,7 +11,7 @@ import asyncio
 import gc
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 perf = time.perf_counter
@@ -139,7 +139,7 @@ def check_counters(result: Result, label: str, stats: dict[str, Any], admitted: 
 
 def interleave(
     loop: asyncio.AbstractEventLoop,
-    variants: dict[str, Callable[[], Awaitable[float]]],
+    variants: Mapping[str, Callable[[], Awaitable[float]]],
     reps: int,
     result: Result,
     *,
