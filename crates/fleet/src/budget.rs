@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use admitgate_budget::{Budget, Decision, KeyHash, Limit, Meter, Reservation};
 use redis::Script;
 
-use crate::config::ConfigError;
+use crate::config::{validate_name, ConfigError};
 use crate::error::FleetError;
 use crate::limit::FleetLimit;
 
@@ -240,20 +240,6 @@ impl fmt::Debug for FleetBudget {
             .field("on_backend_error", &self.inner.fallback)
             .finish_non_exhaustive()
     }
-}
-
-fn validate_name(name: &str) -> Result<(), ConfigError> {
-    let bad = |why: &str| ConfigError::new("name", format!("{name:?}"), why.to_owned());
-    if name.is_empty() || name.len() > 100 {
-        return Err(bad("must be 1 to 100 characters"));
-    }
-    if name
-        .chars()
-        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
-    {
-        return Err(bad("must not contain braces, spaces or control characters"));
-    }
-    Ok(())
 }
 
 /// The identity as Redis sees it: 128 bits of SHA-1, hex (the same on every replica).

@@ -640,6 +640,22 @@ fn validate_key(key: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A budget's or limiter's `name` (`FleetBudget`, `FleetWindowLockout`): it namespaces their
+/// Redis keys, inside a hash tag, so no braces; and it appears in logs and metrics labels.
+pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let bad = |why: &str| ConfigError::new("name", format!("{name:?}"), why.to_owned());
+    if name.is_empty() || name.len() > 100 {
+        return Err(bad("must be 1 to 100 characters"));
+    }
+    if name
+        .chars()
+        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err(bad("must not contain braces, spaces or control characters"));
+    }
+    Ok(())
+}
+
 fn validate_replica_id(id: &str) -> Result<(), ConfigError> {
     let ok = !id.is_empty()
         && id.len() <= 100

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use admitgate_budget::{WindowLockoutRule, WindowVerdict};
 use redis::Script;
 
-use crate::config::ConfigError;
+use crate::config::{validate_name, ConfigError};
 use crate::error::FleetError;
 use crate::limit::FleetLimit;
 
@@ -55,20 +55,6 @@ impl std::fmt::Debug for FleetWindowLockout {
             .field("rule", &self.inner.rule)
             .finish_non_exhaustive()
     }
-}
-
-fn validate_name(name: &str) -> Result<(), ConfigError> {
-    let bad = |why: &str| ConfigError::new("name", format!("{name:?}"), why.to_owned());
-    if name.is_empty() || name.len() > 100 {
-        return Err(bad("must be 1 to 100 characters"));
-    }
-    if name
-        .chars()
-        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
-    {
-        return Err(bad("must not contain braces, spaces or control characters"));
-    }
-    Ok(())
 }
 
 /// 128 bits of SHA-1 over the scope and the identity, each length-prefixed, hex.
