@@ -689,7 +689,8 @@ impl Config {
                 )
             },
             tenant != TenantFrom::None,
-        )?;
+        )
+        .map_err(ConfigError)?;
         Ok(Config {
             priority,
             listen: pick!(listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),

@@ -45,6 +45,7 @@
 pub mod body;
 pub mod config;
 pub mod deadline;
+mod exposition;
 pub mod headers;
 pub mod leaving;
 pub mod logging;

@@ -24,12 +24,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use crate::exposition::family;
 use crate::proxy::Broker;
 use crate::readiness;
-
-pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
 
 fn histogram(out: &mut String, name: &str, labels: &str, snapshot: &HistogramSnapshot) {
     let sep = if labels.is_empty() { "" } else { "," };
@@ -303,7 +300,12 @@ pub fn render(broker: &Broker) -> String {
             f.topology
         );
     }
-    crate::rate_limit::render_metrics(&mut out, broker);
+    crate::rate_limit::render_metrics(
+        &mut out,
+        broker.config.rate_limit.as_ref(),
+        passage,
+        &broker.usage,
+    );
     crate::priority::render_metrics(&mut out, passage, &broker.classes);
     out
 }

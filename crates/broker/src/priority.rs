@@ -20,8 +20,6 @@ use admitgate_passage::core_api::{ClassId, ClassStats, Order, Priorities, Priori
 use admitgate_passage::Passage;
 use serde::Deserialize;
 
-use crate::config::ConfigError;
-
 /// The priority flags (flattened into [`crate::config::Flags`]).
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct PriorityFlags {
@@ -115,12 +113,8 @@ fn check_name(class: &str) -> Result<(), &'static str> {
 }
 
 /// Parses `NAME[:min=F][,max=F]`; `name` is the setting as typed, for the message.
-fn parse_class(name: &str, text: &str) -> Result<PriorityClass, ConfigError> {
-    let bad = |why: &str| {
-        ConfigError(format!(
-            "{name} must be NAME[:min=F][,max=F] ({why}), got {text:?}"
-        ))
-    };
+fn parse_class(name: &str, text: &str) -> Result<PriorityClass, String> {
+    let bad = |why: &str| format!("{name} must be NAME[:min=F][,max=F] ({why}), got {text:?}");
     let (class, shares) = match text.split_once(':') {
         Some((class, shares)) => (class, Some(shares)),
         None => (text, None),
@@ -153,8 +147,8 @@ pub fn resolve(
     file: FileSettings,
     name: impl Fn(&str, bool) -> String,
     tenant: bool,
-) -> Result<PrioritySettings, ConfigError> {
-    let err = |message: String| Err(ConfigError(message));
+) -> Result<PrioritySettings, String> {
+    let err = |message: String| Err(message);
     let (classes, classes_name) = if !flags.priority.is_empty() {
         let setting = name("priority", false);
         let classes = flags
@@ -179,9 +173,9 @@ pub fn resolve(
                         min_share.unwrap_or(0.0),
                         max_share.unwrap_or(1.0),
                     )),
-                    Err(why) => Err(ConfigError(format!(
+                    Err(why) => Err(format!(
                         "{setting}: a class name must be {why}, got {name:?}"
-                    ))),
+                    )),
                 },
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -265,7 +259,7 @@ pub fn resolve(
         } else {
             classes_name.clone()
         };
-        ConfigError(format!("{setting}: {text}"))
+        format!("{setting}: {text}")
     })?;
     let fair = match fairness.as_deref() {
         None | Some("tenant") => true,
@@ -442,13 +436,13 @@ pub fn render_metrics(out: &mut String, passage: &Passage, picker: &ClassPicker)
         ),
     ];
     for (name, kind, help, value) in families {
-        crate::metrics::family(out, name, kind, help);
+        crate::exposition::family(out, name, kind, help);
         for class in &classes {
             let _ = writeln!(out, "{name}{{class=\"{}\"}} {}", class.name, value(class));
         }
     }
     let (missing, unknown) = picker.defaulted();
-    crate::metrics::family(
+    crate::exposition::family(
         out,
         "broker_priority_defaulted_total",
         "counter",

@@ -461,11 +461,16 @@ type Counter = (&'static str, &'static str, fn(&RateLimitStats) -> u64);
 
 /// The budget's figures in `/metrics`, when `--rate-limit` is set: per limit (its policy
 /// name, never an identity) and the usage reports.
-pub fn render_metrics(out: &mut String, broker: &crate::proxy::Broker) {
-    let Some(spec) = &broker.config.rate_limit else {
+pub fn render_metrics(
+    out: &mut String,
+    spec: Option<&RateLimitSpec>,
+    passage: &admitgate_passage::Passage,
+    usage: &DoorCounters,
+) {
+    let Some(spec) = spec else {
         return;
     };
-    let family = crate::metrics::family;
+    let family = crate::exposition::family;
     let counters: &[Counter] = &[
         ("broker_rate_limit_allowed_total", "Requests the budget allowed.", |s| s.allowed),
         ("broker_rate_limit_limited_total", "Requests the budget refused (rate_limited).", |s| s.limited),
@@ -477,8 +482,7 @@ pub fn render_metrics(out: &mut String, broker: &crate::proxy::Broker) {
         ("broker_rate_limit_returned_total", "Reservations given back whole (refused by the gate, or the client left, before the request ran).", |s| s.returned),
         ("broker_rate_limit_tokens_returned_total", "Tokens those reservations held.", |s| s.tokens_returned),
     ];
-    let limiters: Vec<_> = broker
-        .passage
+    let limiters: Vec<_> = passage
         .rate_limits()
         .limiters()
         .iter()
@@ -520,14 +524,13 @@ pub fn render_metrics(out: &mut String, broker: &crate::proxy::Broker) {
         "counter",
         "Requests refused rate_limited, by the policy that refused (its RateLimit-Policy name).",
     );
-    for (policy, cell) in spec.policies.iter().zip(broker.usage.refused_by.iter()) {
+    for (policy, cell) in spec.policies.iter().zip(usage.refused_by.iter()) {
         let _ = writeln!(
             out,
             "broker_rate_limit_refused_total{{policy=\"{policy}\"}} {}",
             cell.load(Ordering::Relaxed)
         );
     }
-    let usage = &broker.usage;
     family(
         out,
         "broker_rate_limit_usage_reports_total",

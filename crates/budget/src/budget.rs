@@ -295,7 +295,7 @@ impl Budget {
                 }
             }
         }
-        self.counters.settled(settlement);
+        self.counters.settled(settlement.refunded, settlement.debt);
         settlement
     }
 

@@ -2,8 +2,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::budget::Settlement;
-
 /// What a budget has done since it was built.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BudgetStats {
@@ -76,10 +74,11 @@ impl Counters {
         }
     }
 
-    pub(crate) fn settled(&self, s: Settlement) {
+    /// A reservation settled: `refunded` tokens given back, `debt` tokens charged.
+    pub(crate) fn settled(&self, refunded: u64, debt: u64) {
         add(&self.settled, 1);
-        add(&self.tokens_refunded, s.refunded);
-        add(&self.tokens_debt, s.debt);
+        add(&self.tokens_refunded, refunded);
+        add(&self.tokens_debt, debt);
     }
 
     pub(crate) fn returned(&self, tokens: u64) {
