@@ -224,6 +224,21 @@ def whole_ms(hint: float) -> int:
 # -- argument checks ---------------------------------------------------------------------------
 
 
+def check_abandoned_response_timeout(value: object) -> float:
+    """``abandoned_response_timeout`` as seconds: a finite number >= 0 (``0``: the app is told
+    at once that its client left), the same rule as the broker's flag."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(
+            f"abandoned_response_timeout must be a finite number of seconds >= 0, got {value!r}"
+        )
+    return float(value)
+
+
 def check_gate(gate: object) -> None:
     """``TypeError`` unless ``gate`` is an :class:`admitgate.AdmissionGate`."""
     if not isinstance(gate, AdmissionGate):

@@ -125,6 +125,7 @@ from ._frontdoor import (
     REASON_KEY,
     THROTTLED_KEY,
     RequestSlot,
+    check_abandoned_response_timeout,
     checked_session,
     header_deadline_s,
     refusal,
@@ -449,17 +450,9 @@ class AdmissionMiddleware:
         self._priority = None if priority is None else PriorityDoor(gate, priority)
         self.retry_after = _check_retry_after(retry_after)
         self.max_peek_bytes = max_peek_bytes
-        if (
-            isinstance(abandoned_response_timeout, bool)
-            or not isinstance(abandoned_response_timeout, int | float)
-            or not math.isfinite(abandoned_response_timeout)
-            or abandoned_response_timeout < 0
-        ):
-            raise ValueError(
-                "abandoned_response_timeout must be a finite number of seconds >= 0, "
-                f"got {abandoned_response_timeout!r}"
-            )
-        self.abandoned_response_timeout = float(abandoned_response_timeout)
+        self.abandoned_response_timeout = check_abandoned_response_timeout(
+            abandoned_response_timeout
+        )
         self.rate_key = None if rate_key is None else RateKey(rate_key)
         if self.rate_key is not None and self.rate_key.uses_tenant and session_id is None:
             raise ValueError(

@@ -45,6 +45,7 @@ from ._frontdoor import (
     THROTTLED_KEY,
     Refusal,
     RequestSlot,
+    check_abandoned_response_timeout,
     check_gate,
     checked_session,
     refusal,
@@ -251,17 +252,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if session_id is not None and not callable(session_id):
             raise TypeError(f"session_id must be a callable or None, got {session_id!r}")
         fixed_retry_after = _seconds_or_none("retry_after", retry_after)
-        if (
-            isinstance(abandoned_response_timeout, bool)
-            or not isinstance(abandoned_response_timeout, (int, float))
-            or not math.isfinite(abandoned_response_timeout)
-            or abandoned_response_timeout < 0
-        ):
-            raise ValueError(
-                "abandoned_response_timeout must be a finite number of seconds >= 0, "
-                f"got {abandoned_response_timeout!r}"
-            )
-        self._abandoned_timeout = float(abandoned_response_timeout)
+        self._abandoned_timeout = check_abandoned_response_timeout(abandoned_response_timeout)
         self._gate = gate
         self._gate_all = gate_methods == "all"
         self._session_id = session_id
