@@ -12,7 +12,8 @@ on stdin and writes one JSON event per line on stdout:
     seconds; writes ``{"event": "turns", "tag", "turns": [{"scope", "arrive", "start", "end"}]}``
     once all have run (times are ``time.monotonic()``, one clock for every process on a host).
 ``{"cmd": "hold", "n": 3, "scope": ""}``
-    takes ``n`` leases and keeps them; answers ``{"event": "held", "ids": [...]}``.
+    takes ``n`` leases and keeps them (a gate's turns retry ``fleet_unavailable`` for up to
+    10 s); answers ``{"event": "held", "n": n}``, or ``{"event": "error"}`` if one was refused.
 ``{"cmd": "release"}``
     gives back the leases kept by ``hold``; answers ``{"event": "released"}``.
 ``{"cmd": "load", "clients": 20, "duration": 5.0, "hold": [0.02, 0.08], "seed": 1, "tag": "a"}``
@@ -165,9 +166,20 @@ class ReplicaProcess:
     async def held_turn(self, scope: str, entered: asyncio.Queue[str]) -> None:
         """A gate turn that runs until ``release``."""
         assert self.gate is not None
-        async with self.gate.admit(session_id=scope):
-            await entered.put(scope)
-            await self.let_go.wait()
+        # A client that retries a passing outage (a loaded host's replica slow to confirm, with
+        # durability="replicated"), for at most 10 s; any other refusal is reported by ``hold``.
+        give_up = time.monotonic() + 10.0
+        while True:
+            try:
+                async with self.gate.admit(session_id=scope):
+                    await entered.put(scope)
+                    await self.let_go.wait()
+                return
+            except admitgate.AdmissionRejected as exc:
+                if exc.reason != "fleet_unavailable" or time.monotonic() > give_up:
+                    await entered.put(f"refused: {exc.reason}")
+                    return
+                await asyncio.sleep(0.05)
 
     async def turns(self, command: dict[str, Any]) -> None:
         """Runs a batch of concurrent turns and reports them together."""
@@ -208,8 +220,11 @@ class ReplicaProcess:
                 self.holding += [
                     asyncio.ensure_future(self.held_turn(scope, entered)) for _ in range(n)
                 ]
-                for _ in range(n):
-                    await entered.get()
+                got = [await entered.get() for _ in range(n)]
+                refused = [g for g in got if g.startswith("refused: ")]
+                if refused:
+                    emit("error", message=f"hold: {refused}")
+                    return True
             emit("held", n=n)
         elif cmd == "release":
             for lease in self.kept:

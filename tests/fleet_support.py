@@ -321,6 +321,11 @@ class SentinelSet:
                     and primary.client().info("replication").get("slave0", {}).get("state")
                     == "online"
                 )
+                if settled:
+                    # What durability="replicated" needs: a write the replica confirms in time.
+                    client = primary.client()
+                    client.set("test:settled", "1")
+                    settled = int(client.execute_command("WAIT", 1, 500)) >= 1
             except Exception:  # a node restarting: not settled yet
                 settled = False
             if settled:
