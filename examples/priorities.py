@@ -7,7 +7,7 @@ from admitgate import PriorityClass
 
 
 async def agent(message: str) -> str:  # stands in for your agent's run (an LLM call)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.5)
     return f"echo: {message}"
 
 
@@ -31,12 +31,20 @@ async def main() -> None:
         except admitgate.AdmissionRejected as busy:
             print(f"{name}: refused ({busy.reason}, class {busy.priority})")
 
+    async def until(in_flight: int, queued: int, cls: str) -> None:  # the gate shows this
+        while True:
+            c = gate.stats()["classes"][cls]
+            if (c["in_flight"], c["queued"]) == (in_flight, queued):
+                return
+            await asyncio.sleep(0.005)
+
     # The nightly batch fills the gate and its queue ...
     batch = [asyncio.create_task(handle(f"batch-{i}")) for i in range(12)]
-    await asyncio.sleep(0.05)
+    await until(4, 8, "batch")
     # ... then three people write in: the full queue sheds batch waiters to make room.
     chat = [asyncio.create_task(handle(f"chat-{i}", "interactive")) for i in range(3)]
-    await asyncio.sleep(0.05)
+    await until(0, 3, "interactive")
+    await asyncio.sleep(0)  # the shed turns print their refusal
     classes = gate.stats()["classes"]
     print(
         "in flight / queued:", {name: (c["in_flight"], c["queued"]) for name, c in classes.items()}
