@@ -13,7 +13,9 @@
 # --inclusive=yes DUMP) and strace summaries in the output folder.
 set -euo pipefail
 
-broker=$(realpath "$1")  # PAIRS="h1 h2" and SUBJECTS="haproxy broker" narrow the run
+# PAIRS="h1 h2" and SUBJECTS="haproxy broker" narrow the run; CONNECTIONS=16 loads it with
+# 16 requests in flight instead of one.
+broker=$(realpath "$1")
 out=$2
 n=${3:-1000}
 mkdir -p "$out"
@@ -95,7 +97,7 @@ EOF
 load() {
     local flags=()
     if [ "$1" = h1 ]; then flags=(--h1); fi
-    taskset -c 1 h2load "${flags[@]}" -n "$2" -c 1 -m 1 -d "$body" \
+    taskset -c 1 h2load "${flags[@]}" -n "$2" -c "${CONNECTIONS:-1}" -m 1 -d "$body" \
         -H 'content-type: application/json' "http://127.0.0.1:$subject_port/message:send" \
         >"$out/h2load.last" 2>&1
     grep -q "$2 succeeded" "$out/h2load.last" || {
