@@ -378,6 +378,10 @@ pub struct Held {
     grpc: bool,
     /// How long an abandoned response is read on before the slot is freed anyway.
     abandoned_timeout: Duration,
+    /// How long a client may leave a handed frame unasked for; zero: not watched.
+    send_timeout: Duration,
+    /// The slow-client watch was started (at the first frame handed before the end).
+    watched: bool,
     /// When a frame was last handed to the client without it asking for the next
     /// (milliseconds since `epoch`, plus one); 0 while it waits on the upstream.
     handed: Arc<AtomicU64>,
@@ -438,29 +442,41 @@ impl Held {
         usage_settled: bool,
     ) -> Self {
         let gated = permit.is_some();
-        let held = Self {
+        Self {
             stream: Arc::new(Mutex::new(Some(Stream { inner, permit }))),
             grpc,
             abandoned_timeout,
+            send_timeout: if gated { send_timeout } else { Duration::ZERO },
+            watched: false,
             handed: Arc::new(AtomicU64::new(0)),
             epoch: Instant::now(),
             on_end: Some(on_end),
             done: false,
             usage,
             usage_settled,
-        };
-        if gated && !send_timeout.is_zero() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(watch(
-                    Arc::downgrade(&held.stream),
-                    held.handed.clone(),
-                    held.epoch,
-                    send_timeout,
-                    abandoned_timeout,
-                ));
-            }
         }
-        held
+    }
+
+    /// A frame was handed to the client and the body goes on: from now on the client must
+    /// ask for the next within `send_timeout`. The watch starts here, not with the body:
+    /// it acts only once a frame has been handed, so a response that ends with its first
+    /// frame (most unary answers) never needs it, and is spared a task and a timer.
+    fn handed_one(&mut self) {
+        self.handed
+            .store(millis_since(self.epoch), Ordering::Release);
+        if self.watched || self.send_timeout.is_zero() {
+            return;
+        }
+        self.watched = true;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(watch(
+                Arc::downgrade(&self.stream),
+                self.handed.clone(),
+                self.epoch,
+                self.send_timeout,
+                self.abandoned_timeout,
+            ));
+        }
     }
 
     /// Trailers without the usage report, which is settled against the permit's turn (once).
@@ -616,8 +632,7 @@ impl Body for Held {
                 if trailers || ends {
                     self.finish();
                 } else {
-                    self.handed
-                        .store(millis_since(self.epoch), Ordering::Release);
+                    self.handed_one();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
