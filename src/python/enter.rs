@@ -252,6 +252,14 @@ impl Admission {
         guard(|| Ok(self.budget_server_time()))
     }
 
+    /// The tokens this turn reserves in its budgets: `cost=`, or without it the gate's
+    /// `estimator=`'s estimate (0 without one), known once the turn has passed its budgets;
+    /// `None` before that when no `cost=` was given.
+    #[getter]
+    fn cost(&self) -> Option<u64> {
+        self.priced.get().map(|p| p.cost).or(self.cost)
+    }
+
     /// The budget coroutine was cancelled (or failed): what the turn reserved goes back.
     fn _budget_abandon(&self) -> PyResult<()> {
         guard(|| {
