@@ -475,11 +475,15 @@ class Admission:
     def __enter__(self) -> Admission: ...
     def __exit__(
         self,
-        *exc: type[BaseException] | BaseException | TracebackType | None,
+        _exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
     ) -> bool: ...
     def __aexit__(
         self,
-        *exc: type[BaseException] | BaseException | TracebackType | None,
+        _exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
     ) -> Ready: ...
 
 @final
