@@ -410,7 +410,7 @@ async def run_turns(
     assert usage.stats()["reports"] == reports
     if fleet is not None:
         # A fleet budget's settle is a round trip sent after report_usage returns.
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
     for identity in IDENTITIES:
         await assert_holds(gate, identity, held[identity], TOKEN_LIMIT)
 
@@ -503,7 +503,7 @@ def test_threads_and_a_loop_reporting_at_once_keep_the_books(request, fleet):
 
     async def probe() -> None:
         if fleet:
-            await asyncio.sleep(0.3)  # the last settles' round trips
+            await asyncio.sleep(0.5)  # the last settles' round trips
         for identity in IDENTITIES:
             await assert_holds(gate, identity, held[identity], TOKEN_LIMIT)
 
