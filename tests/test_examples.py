@@ -128,6 +128,13 @@ ONE_SHOT: dict[str, list[str]] = {
         r"^3 turns at 1 per 0\.5 s took 1\.\d s$",
         r"'allowed': 4, 'limited': 2, 'tokens_reserved': 700, 'tokens_settled': 250",
     ],
+    "budgets_estimator.py": [
+        r"^alice: reserved 500, used 1200\nalice: reserved 1200, used 3000\n"
+        r"alice: reserved 3000, used 1000\nalice: reserved 1515, used 1000\n",
+        r"^bob: reserved 1258, used 800$",
+        r"^carol: reserved 50 \(cost=\)$",
+        r"^\{'identities': 2, 'reports': 6\}$",
+    ],
     "budgets_fleet.py": [
         r"^12 turns on two replicas: 5 admitted, 7 refused \{'rate_limited'\}$",
         r"^the next one fits in 10 s$",

@@ -28,6 +28,7 @@ from ._admitgate import (
     InternalError,
     MemoryPressurePolicy,
     RateLimit,
+    RecentUsage,
     RssSampler,
 )
 from ._builders import build_admission_gate, build_memory_pressure_policy
@@ -54,6 +55,7 @@ __all__ = [
     "MemoryPressurePolicy",
     "PriorityClass",
     "RateLimit",
+    "RecentUsage",
     "ResourceSample",
     "RssSampler",
     "build_admission_gate",

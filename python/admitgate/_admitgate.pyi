@@ -51,6 +51,7 @@ __all__ = [
     "FleetLease",
     "LeaseWait",
     "RateLimit",
+    "RecentUsage",
     "BudgetAnswer",
     "serve_broker",
     "WindowLockout",
@@ -202,6 +203,15 @@ class AdmissionGate:
     ``rate_limit`` (a :class:`RateLimit` or a list of them, names unique) is passed by every
     turn, in order, before its slot and lease: a turn a budget refuses never takes either.
     ``AdmissionGate(rate_limit=...)`` alone enforces only the budget. See ``docs/budgets.md``.
+
+    ``estimator`` gives each turn that passes no ``cost=`` its token estimate: a
+    :class:`RecentUsage` (learned from what turns report, in Rust) or a callable
+    ``estimator(session_id, identity) -> int`` (0 to 2**48), called with the identity the
+    first budget that counts tokens keys the turn on (``identity=``, else its ``key``'s
+    answer, else the ``session_id``). An explicit ``cost=`` wins. A callable that raises
+    refuses the turn with its exception; one that answers anything but such an int refuses
+    it with ``TypeError`` / ``ValueError`` naming the estimator and the value; either way the
+    turn reserves nothing. It needs a ``rate_limit`` with ``tokens=``.
     """
 
     def __new__(
@@ -218,10 +228,14 @@ class AdmissionGate:
         fairness: Literal["tenant", "none"] | None = None,
         tenant_weights: Mapping[str, int] | None = None,
         rate_limit: RateLimit | Sequence[RateLimit] | None = None,
+        estimator: RecentUsage | Callable[[str, str | bytes], int] | None = None,
     ) -> AdmissionGate: ...
     @property
     def rate_limits(self) -> list[RateLimit]:
         """``rate_limit=``, in the order turns pass them (empty: none)."""
+    @property
+    def estimator(self) -> RecentUsage | Callable[[str, str | bytes], int] | None:
+        """``estimator=``: what a turn given no ``cost=`` reserves, or ``None``."""
     @property
     def adaptive(self) -> AdaptiveLimit | None:
         """The adaptive ceiling's settings (``adaptive=``), or ``None``."""
@@ -244,7 +258,7 @@ class AdmissionGate:
         on_queued: Callable[[int, float | None], object] | None = None,
         deadline_s: float | None = None,
         priority: str | None = None,
-        cost: int = 0,
+        cost: int | None = None,
         identity: str | bytes | None = None,
     ) -> Admission:
         """One turn's passage: ``async with gate.admit(session_id=user) as turn:`` (the
@@ -253,7 +267,8 @@ class AdmissionGate:
 
         With ``rate_limit=``: ``cost`` is the turn's token estimate (an int >= 0), reserved
         in every token limit before the turn's slot and settled by
-        :meth:`Admission.report_usage`; ``identity`` (a str or bytes) keys the turn in every
+        :meth:`Admission.report_usage` (``None``: the gate's ``estimator=``'s estimate, or 0
+        without one); ``identity`` (a str or bytes) keys the turn in every
         budget instead of ``key(session_id)`` or the ``session_id`` (the front doors pass the
         ``--rate-key`` value through it). A budget that refuses raises ``rate_limited`` with
         the exact ``retry_after`` (``on_limit="reject"``), or the turn waits for it within its
@@ -284,7 +299,7 @@ class AdmissionGate:
         on_queued: Callable[[int, float | None], object] | None = None,
         deadline_s: float | None = None,
         priority: str | None = None,
-        cost: int = 0,
+        cost: int | None = None,
         identity: str | bytes | None = None,
     ) -> Admission:
         """One turn from a worker thread: ``with gate.admit_sync(session_id=user) as turn:``
@@ -446,6 +461,11 @@ class Admission:
         what its estimate (``cost=``) held beyond that, or records the excess as a debt that
         delays the identity's next turns. Only the first report counts; without a budget it
         is ignored. An unreported turn keeps its estimate."""
+    @property
+    def cost(self) -> int | None:
+        """The tokens this turn reserves in its budgets: ``cost=``, or without it the
+        gate's ``estimator=``'s estimate (0 without one), known once the turn has passed its
+        budgets; ``None`` before that when no ``cost=`` was given."""
     def _budget_step(self, answer: BudgetAnswer | None = None) -> Any: ...
     def _budget_abandon(self) -> None: ...
     @property
@@ -455,11 +475,15 @@ class Admission:
     def __enter__(self) -> Admission: ...
     def __exit__(
         self,
-        *exc: type[BaseException] | BaseException | TracebackType | None,
+        _exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
     ) -> bool: ...
     def __aexit__(
         self,
-        *exc: type[BaseException] | BaseException | TracebackType | None,
+        _exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
     ) -> Ready: ...
 
 @final
@@ -532,6 +556,49 @@ class RateLimit:
         ``tokens_returned``, ``keys`` (plus ``fleet_decisions``, ``known_refusals``,
         ``offline_decisions``, ``settles_lost`` for a fleet-wide limit). No per-identity
         numbers."""
+
+@final
+class RecentUsage:
+    """A token estimate learned from what turns report, for ``AdmissionGate(estimator=)``.
+
+    Per identity, the larger of its last report and a decayed average of its reports: it
+    rises at once to a larger usage and falls back gradually after smaller ones, the gap
+    halving every ``half_life`` reports (an int, 1 to 1,000,000). An identity with no report
+    is estimated from the decayed average of every identity's reports, and before any report
+    at all as ``initial`` tokens (an int, 0 to 2**48). On a gate, a learned estimate is
+    capped at the largest cost the gate's token limits can ever admit, so one huge report
+    cannot lock an identity out.
+
+    Identities are hashed with a per-estimator random key before anything is stored. At most
+    ``max_identities`` (2 to 16,777,216) are held, in two generations of half that: an
+    identity is remembered at least until ``max_identities / 2`` others have reported for the
+    first time since it last did; then it is estimated from the global average again. Its
+    tables hold at most about 58 bytes per identity of the cap. A gate teaches it at
+    ``turn.report_usage(tokens=...)`` (the first report of a turn its budgets admitted,
+    whatever its cost). It may serve several gates; a forked child keeps what it learned.
+    """
+
+    def __new__(
+        cls, initial: int, *, half_life: int = 8, max_identities: int = 65536
+    ) -> RecentUsage: ...
+    @property
+    def initial(self) -> int:
+        """The estimate before any report (tokens)."""
+    @property
+    def half_life(self) -> int:
+        """How many reports halve the gap between the average and a smaller usage."""
+    @property
+    def max_identities(self) -> int:
+        """The most identities held at once."""
+    def __call__(self, session_id: object, identity: str | bytes) -> int:
+        """The estimate for a turn of ``identity``, as a gate asks it (the session id is
+        not used)."""
+    def report(self, identity: str | bytes, *, tokens: int) -> None:
+        """Learns that a turn of ``identity`` used ``tokens`` (what a gate does at
+        ``turn.report_usage``; for usage seen outside a gate using this estimator)."""
+    def stats(self) -> dict[str, int]:
+        """``identities`` (held now), ``reports``, ``forgotten`` (to stay within
+        ``max_identities``), ``bytes`` (its tables). No per-identity numbers."""
 
 @final
 class Entered:

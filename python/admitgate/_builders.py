@@ -41,6 +41,7 @@ def build_admission_gate(
     fairness: Any = None,
     tenant_weights: Any = None,
     rate_limit: Any = None,
+    estimator: Any = None,
     *,
     _gate_class: type[AdmissionGate] = AdmissionGate,
 ) -> AdmissionGate | None:
@@ -65,7 +66,10 @@ def build_admission_gate(
     shares (see ``docs/priorities.md``); with ``priorities`` the gate is built even without
     a ceiling, so its classes are counted. ``rate_limit`` (an :class:`admitgate.RateLimit`
     or a list of them) is checked before a turn's slot: with nothing else it returns a gate
-    that enforces only the budget (see ``docs/budgets.md``).
+    that enforces only the budget (see ``docs/budgets.md``). ``estimator`` (an
+    :class:`admitgate.RecentUsage` or a callable ``estimator(session_id, identity) -> int``)
+    gives a turn that passes no ``cost=`` its token estimate; it needs a ``rate_limit`` with
+    ``tokens=``.
     """
     if policy is None:
         candidate = ConcurrencyLimitPolicy(
@@ -86,8 +90,14 @@ def build_admission_gate(
             and adaptive is None
             and not ordered
         ):
-            if resource_policy is not None or rate_limit is not None:
-                return _gate_class(None, resource_policy=resource_policy, rate_limit=rate_limit)
+            if resource_policy is not None or rate_limit is not None or estimator is not None:
+                # An estimator without a budget is refused by the gate, not dropped here.
+                return _gate_class(
+                    None,
+                    resource_policy=resource_policy,
+                    rate_limit=rate_limit,
+                    estimator=estimator,
+                )
             return None
         policy = candidate
     # `_gate_class`: a subclass (admitgate.praisonai's, which picks a turn's class from its
@@ -103,4 +113,5 @@ def build_admission_gate(
         fairness=fairness,
         tenant_weights=tenant_weights,
         rate_limit=rate_limit,
+        estimator=estimator,
     )

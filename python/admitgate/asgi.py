@@ -386,7 +386,8 @@ class AdmissionMiddleware:
             hashed by the gate, never logged. ``None``: the gate's own key (the tenant).
             A ``rate_limited`` refusal carries ``RateLimit-Policy`` and ``RateLimit``
             (draft-ietf-httpapi-ratelimit-headers-11).
-        cost: the tokens each gated request reserves (``gate.admit(cost=)``), settled to the
+        cost: the tokens each gated request reserves (``gate.admit(cost=)``; 0, the
+            default, passes none, so a gate with ``estimator=`` estimates it), settled to the
             app's usage report: an ``admitgate-usage-tokens`` response header (or trailer),
             which is removed before the client (a malformed one is ignored, counted in
             :attr:`usage_reports`, and removed too).

@@ -211,7 +211,8 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     budget (passed as ``gate.admit(identity=)``, hashed by the gate, never logged; ``None``:
     the gate's own key). A ``rate_limited`` refusal is ``RESOURCE_EXHAUSTED`` with the exact
     retry time in ``grpc-retry-pushback-ms``. ``cost`` is the tokens each gated call reserves
-    (``gate.admit(cost=)``), settled to the servicer's ``admitgate-usage-tokens`` trailing
+    (``gate.admit(cost=)``; 0, the default, passes none, so a gate with ``estimator=``
+    estimates it), settled to the servicer's ``admitgate-usage-tokens`` trailing
     metadata, which is removed before the client (a malformed value is ignored, counted in
     :attr:`usage_reports`, and removed too).
 

@@ -14,7 +14,7 @@
 //! the turn through the methods here, so every transition happens exactly once.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use admitgate_passage::turn::{Arrived, Claimed, NotLeasing, Report, WaitEnd};
@@ -25,6 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use super::args;
+use super::estimator::Priced;
 use super::gate::PyAdmissionGate;
 use super::human_wait::{call_method_one, human_wait_scope, HumanWaitFactory};
 use super::rejection::rejection_in;
@@ -54,10 +55,13 @@ pub struct Admission {
     pub(super) deadline_at: Option<Duration>,
     /// What `report_throttled` / `report_remaining` told about the provider call.
     pub(super) report: Mutex<ProviderReport>,
-    /// `cost=`: the token estimate the turn reserves in its budgets.
-    pub(super) cost: u64,
+    /// `cost=`: the token estimate the turn reserves in its budgets (`None`: the gate's
+    /// `estimator=` estimates it, else 0).
+    pub(super) cost: Option<u64>,
     /// `identity=`: the turn's key in every budget, instead of `key(session_id)`.
-    pub(super) identity: Option<Arc<[u8]>>,
+    pub(super) identity: Option<Identity>,
+    /// What the turn reserved, set once as it begins its budgets.
+    pub(super) priced: OnceLock<Priced>,
     /// Where the turn is with its budgets (`rate_limit=`).
     pub(super) budget: Mutex<BudgetState>,
     /// When the turn began (its budget step, then its arrival), on the binding's clock: the
@@ -101,9 +105,15 @@ pub struct AdmitArgs {
     /// `priority=`, resolved to its class.
     pub class: ClassId,
     /// `cost=`.
-    pub cost: u64,
+    pub cost: Option<u64>,
     /// `identity=`.
-    pub identity: Option<Arc<[u8]>>,
+    pub identity: Option<Identity>,
+}
+
+/// `identity=`: as the budgets hash it, and as given (for a callable `estimator=`).
+pub struct Identity {
+    pub bytes: Arc<[u8]>,
+    pub given: Py<PyAny>,
 }
 
 /// How an arrival turned out, for the async and the blocking entry alike.
@@ -132,6 +142,7 @@ impl Admission {
             report: Mutex::new(ProviderReport::default()),
             cost: args.cost,
             identity: args.identity,
+            priced: OnceLock::new(),
             budget: Mutex::new(BudgetState::None),
             began_at: Mutex::new(None),
         }

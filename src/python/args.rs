@@ -2,11 +2,12 @@
 //! bad value. Counts accept ints, integral floats and integer strings (as configuration files
 //! and CLIs give them); booleans, fractions and anything else are refused.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
 
 use admitgate_core::policy::{check_count, check_threshold, ConfigError, Overflow};
 
@@ -223,4 +224,23 @@ pub fn scope_key<'a>(session_id: &'a Bound<'_, PyString>) -> PyResult<std::borro
             )))
         }
     }
+}
+
+/// `identity=` or a key's answer: a str (UTF-8, lone surrogates escaped) or bytes.
+pub fn identity_bytes(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Arc<[u8]>> {
+    if let Ok(text) = value.cast::<PyString>() {
+        return Ok(Arc::from(scope_key(text)?.as_bytes()));
+    }
+    if let Ok(bytes) = value.cast::<PyBytes>() {
+        return Ok(Arc::from(bytes.as_bytes()));
+    }
+    let kind = value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    // The value itself is never shown: it may be an API key.
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{arg} must be a str or bytes, got a {kind}"
+    )))
 }

@@ -12,38 +12,26 @@ use std::time::{Duration, Instant};
 
 use admitgate_passage::budget::{BudgetNext, BudgetTurn, FleetAnswer};
 use parking_lot::Mutex;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyString};
 
 use super::admission::{Admission, BudgetState};
 use super::args;
+use super::estimator::Priced;
 use super::fleet::{future_into_py, runtime_start};
 use super::runtime::now;
-
-/// `identity=` or a key's answer: a str (UTF-8, lone surrogates escaped) or bytes.
-pub fn identity_bytes(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Arc<[u8]>> {
-    if let Ok(text) = value.cast::<PyString>() {
-        return Ok(Arc::from(args::scope_key(text)?.as_bytes()));
-    }
-    if let Ok(bytes) = value.cast::<PyBytes>() {
-        return Ok(Arc::from(bytes.as_bytes()));
-    }
-    let kind = value
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_default();
-    // The value itself is never shown: it may be an API key.
-    Err(PyTypeError::new_err(format!(
-        "{arg} must be a str or bytes, got a {kind}"
-    )))
-}
 
 /// A fleet budget's answer, as the asyncio future's result (opaque to Python).
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct BudgetAnswer(Mutex<Option<FleetAnswer>>);
+
+/// A turn's identity in each of its gate's budgets.
+struct Identities<'py> {
+    each: Vec<Arc<[u8]>>,
+    /// For a callable `estimator=`: the identity it is given, as Python has it (`None`: the
+    /// session id).
+    shown: Option<Bound<'py, PyAny>>,
+}
 
 /// What the step asks of its driver next, as Python sees it: `None` (admitted), seconds to
 /// sleep, or an awaitable of the fleet's answer.
@@ -54,23 +42,65 @@ enum Pending {
 }
 
 impl Admission {
-    /// The turn's identity in each of its gate's budgets.
-    fn identities(&self, py: Python<'_>) -> PyResult<Vec<Arc<[u8]>>> {
+    /// The turn's identity in each of its gate's budgets, and for a callable `estimator=`
+    /// the identity it is given as Python has it.
+    fn identities<'py>(&self, py: Python<'py>) -> PyResult<Identities<'py>> {
+        let gate = self.gate().get();
+        let shown_for = gate
+            .estimator()
+            .filter(|e| e.is_callable())
+            .map(|e| e.budget());
         if let Some(identity) = &self.identity {
-            return Ok(vec![identity.clone()]);
+            return Ok(Identities {
+                each: vec![identity.bytes.clone()],
+                shown: shown_for.map(|_| identity.given.bind(py).clone()),
+            });
         }
         let session = self.session_id.bind(py);
         let plain: Arc<[u8]> = Arc::from(args::scope_key(session)?.as_bytes());
-        self.gate()
-            .get()
-            .rate_limits()
-            .iter()
-            .map(|limit| match limit.get().key() {
-                // The key is Python: called with no lock held.
-                Some(key) => identity_bytes("key(session_id)", &key.bind(py).call1((session,))?),
-                None => Ok(plain.clone()),
-            })
-            .collect()
+        let mut shown = None;
+        let mut identities = Vec::with_capacity(gate.rate_limits().len());
+        for (i, limit) in gate.rate_limits().iter().enumerate() {
+            match limit.get().key() {
+                Some(key) => {
+                    // The key is Python: called with no lock held.
+                    let answer = key.bind(py).call1((session,))?;
+                    identities.push(args::identity_bytes("key(session_id)", &answer)?);
+                    if shown_for == Some(i) {
+                        shown = Some(answer);
+                    }
+                }
+                None => identities.push(plain.clone()),
+            }
+        }
+        Ok(Identities {
+            each: identities,
+            shown,
+        })
+    }
+
+    /// What the turn reserves: its `cost=`, else the gate's `estimator=`'s estimate, else 0.
+    /// The estimator is asked with no lock held (a callable runs Python).
+    fn price(
+        &self,
+        py: Python<'_>,
+        identities: &[Arc<[u8]>],
+        shown: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Priced> {
+        let Some(estimator) = self.gate().get().estimator() else {
+            return Ok(Priced {
+                cost: self.cost.unwrap_or(0),
+                learns: None,
+            });
+        };
+        // One identity serves every budget when `identity=` was given.
+        let identity = identities
+            .get(estimator.budget())
+            .or_else(|| identities.last())
+            .cloned()
+            .unwrap_or_else(|| Arc::from(&b""[..]));
+        let session = self.session_id.bind(py);
+        estimator.price(py, self.cost, session.as_any(), &identity, shown)
     }
 
     /// When the turn's budget wait must end: its queue timeout (and `admit_sync`'s own)
@@ -91,13 +121,12 @@ impl Admission {
             return Ok(Pending::Admitted);
         }
         *self.began_at.lock() = Some(now());
-        let identities = self.identities(py)?;
-        let mut turn = BudgetTurn::new(
-            gate.budgets()?,
-            identities,
-            self.cost,
-            self.budget_wait_until(),
-        );
+        let Identities { each, shown } = self.identities(py)?;
+        let priced = self.price(py, &each, shown.as_ref())?;
+        // A turn begins its budgets once (entering twice is refused before this).
+        let _ = self.priced.set(priced);
+        let mut turn =
+            BudgetTurn::new(gate.budgets()?, each, priced.cost, self.budget_wait_until());
         let next = turn.step(Instant::now());
         self.budget_next(py, turn, next)
     }
@@ -166,7 +195,8 @@ impl Admission {
         }
     }
 
-    /// `turn.report_usage(tokens=...)`: settles every budget's reservation (once).
+    /// `turn.report_usage(tokens=...)`: settles every budget's reservation (once), and
+    /// teaches the gate's `RecentUsage`, if it estimates with one.
     pub(super) fn budget_settle(&self, tokens: u64) {
         let holds = {
             let mut state = self.budget.lock();
@@ -183,6 +213,10 @@ impl Admission {
             }
         };
         holds.settle(tokens);
+        if let (Some(estimator), Some(priced)) = (self.gate().get().estimator(), self.priced.get())
+        {
+            estimator.learn(priced, tokens);
+        }
     }
 
     /// For `__aenter__`: `None` when the turn passed its budgets at once (go on to the gate),

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::adaptive::Entered;
@@ -252,6 +251,14 @@ impl Admission {
         guard(|| Ok(self.budget_server_time()))
     }
 
+    /// The tokens this turn reserves in its budgets: `cost=`, or without it the gate's
+    /// `estimator=`'s estimate (0 without one), known once the turn has passed its budgets;
+    /// `None` before that when no `cost=` was given.
+    #[getter]
+    fn cost(&self) -> Option<u64> {
+        self.priced.get().map(|p| p.cost).or(self.cost)
+    }
+
     /// The budget coroutine was cancelled (or failed): what the turn reserved goes back.
     fn _budget_abandon(&self) -> PyResult<()> {
         guard(|| {
@@ -310,20 +317,32 @@ impl Admission {
         })
     }
 
-    #[pyo3(signature = (*exc))]
-    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+    // The exit's three arguments are named, not `*exc`: a varargs signature builds a tuple on
+    // every turn (issue 26's profile).
+    #[pyo3(signature = (_exc_type=None, exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
         guard(|| {
-            let value = exc.get_item(1).ok().filter(|v| !v.is_none());
-            self.leave(py, value.as_ref());
+            self.leave(py, exc.filter(|v| !v.is_none()));
             Ok(false)
         })
     }
 
-    #[pyo3(signature = (*exc))]
-    fn __aexit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
+    #[pyo3(signature = (_exc_type=None, exc=None, _tb=None))]
+    fn __aexit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyAny>>,
+        exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         guard(|| {
-            let value = exc.get_item(1).ok().filter(|v| !v.is_none());
-            self.leave(py, value.as_ref());
+            self.leave(py, exc.filter(|v| !v.is_none()));
             ready(py)
         })
     }

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::adaptive::{self, PyAdaptiveLimit};
+use super::estimator::GateEstimator;
 use super::fleet::{LeaseWaits, PyFleetLimit};
 use super::policy::{decision_from, not_a_decision};
 use super::priorities::ClassNames;
@@ -62,6 +63,8 @@ pub struct PyAdmissionGate {
     pub(super) classes: ClassNames,
     /// `rate_limit=`: the budgets every turn passes, in order, before its slot.
     pub(super) rate_limits: Vec<Py<PyRateLimit>>,
+    /// `estimator=`: what a turn given no `cost=` reserves in the budgets.
+    pub(super) estimator: Option<GateEstimator>,
 }
 
 impl PyAdmissionGate {
@@ -122,6 +125,11 @@ impl PyAdmissionGate {
     /// `rate_limit=`, in the order turns pass them.
     pub fn rate_limits(&self) -> &[Py<PyRateLimit>] {
         &self.rate_limits
+    }
+
+    /// `estimator=`, if any.
+    pub fn estimator(&self) -> Option<&GateEstimator> {
+        self.estimator.as_ref()
     }
 
     /// The budgets of this process, for one turn (see `budget_step`).

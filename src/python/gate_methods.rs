@@ -13,9 +13,10 @@ use pyo3::types::{PyDict, PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::adaptive::{self, PyAdaptiveLimit};
-use super::admission::{Admission, AdmitArgs};
+use super::admission::{Admission, AdmitArgs, Identity};
 use super::args::{self, Arg};
 use super::errors::guard;
+use super::estimator::GateEstimator;
 use super::fleet::{set_gate_fleet_keys, LeaseWaits, PyFleetLimit};
 use super::fork::register_gate;
 use super::gate::PyAdmissionGate;
@@ -194,14 +195,15 @@ fn rate_limits_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyRateLi
     Ok(limits)
 }
 
-/// `cost=` (the turn's token estimate, an int >= 0) and `identity=` (a str or bytes that keys
-/// the turn in every budget, instead of `key(session_id)` or the session id).
+/// `cost=` (the turn's token estimate, an int >= 0; `None`: the gate's `estimator=`'s, else
+/// 0) and `identity=` (a str or bytes that keys the turn in every budget, instead of
+/// `key(session_id)` or the session id).
 fn budget_args(
     cost: Option<&Bound<'_, PyAny>>,
     identity: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(u64, Option<Arc<[u8]>>)> {
+) -> PyResult<(Option<u64>, Option<Identity>)> {
     let cost = match cost.filter(|c| !c.is_none()) {
-        None => 0,
+        None => None,
         Some(c) => {
             let cost = args::fact("cost", c)?;
             if cost > admitgate_budget::rate::MAX_AMOUNT {
@@ -210,12 +212,15 @@ fn budget_args(
                     admitgate_budget::rate::MAX_AMOUNT
                 )));
             }
-            cost
+            Some(cost)
         }
     };
     let identity = match identity.filter(|i| !i.is_none()) {
         None => None,
-        Some(i) => Some(super::budget_step::identity_bytes("identity", i)?),
+        Some(i) => Some(Identity {
+            bytes: args::identity_bytes("identity", i)?,
+            given: i.clone().unbind(),
+        }),
     };
     Ok((cost, identity))
 }
@@ -259,7 +264,7 @@ fn admit_args(
         timeout,
         deadline: None,
         class,
-        cost: 0,
+        cost: None,
         identity: None,
     })
 }
@@ -378,9 +383,9 @@ impl PyAdmissionGate {
         signature = (
             *args, policy=None, resource_policy=None, resource_sampler=None, fleet=None,
             adaptive=None, queue_discipline=None, priorities=None, default_priority=None,
-            fairness=None, tenant_weights=None, rate_limit=None
+            fairness=None, tenant_weights=None, rate_limit=None, estimator=None
         ),
-        text_signature = "(policy=None, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None, queue_discipline=None, priorities=None, default_priority=None, fairness=None, tenant_weights=None, rate_limit=None)"
+        text_signature = "(policy=None, *, resource_policy=None, resource_sampler=None, fleet=None, adaptive=None, queue_discipline=None, priorities=None, default_priority=None, fairness=None, tenant_weights=None, rate_limit=None, estimator=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -397,6 +402,7 @@ impl PyAdmissionGate {
         fairness: Option<Bound<'_, PyAny>>,
         tenant_weights: Option<Bound<'_, PyAny>>,
         rate_limit: Option<Bound<'_, PyAny>>,
+        estimator: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             // `policy` is required (None for a gate without a ceiling), as the reference's
@@ -421,6 +427,7 @@ impl PyAdmissionGate {
                 }
             };
             let rate_limits = rate_limits_arg(rate_limit.as_ref())?;
+            let estimator = GateEstimator::from_arg(estimator.as_ref(), &rate_limits)?;
             let (order, classed) = priorities::order_from(
                 py,
                 priorities.as_ref(),
@@ -511,6 +518,7 @@ impl PyAdmissionGate {
                 discipline,
                 classes,
                 rate_limits,
+                estimator,
             };
             gate.set_queue_timeout(declared.queue_timeout);
             Ok(gate)
@@ -521,7 +529,7 @@ impl PyAdmissionGate {
     /// Raises `AdmissionRejected` on entry when the turn is rejected or evicted while waiting.
     #[pyo3(
         signature = (*, session_id=None, transport=None, on_queued=None, deadline_s=None, priority=None, cost=None, identity=None),
-        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None, priority=None, cost=0, identity=None)"
+        text_signature = "($self, *, session_id='', transport='direct', on_queued=None, deadline_s=None, priority=None, cost=None, identity=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn admit(
@@ -556,7 +564,7 @@ impl PyAdmissionGate {
     /// loop.
     #[pyo3(
         signature = (*, session_id=None, transport=None, timeout=None, on_queued=None, deadline_s=None, priority=None, cost=None, identity=None),
-        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None, priority=None, cost=0, identity=None)"
+        text_signature = "($self, *, session_id='', transport='direct', timeout=None, on_queued=None, deadline_s=None, priority=None, cost=None, identity=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn admit_sync(
@@ -937,6 +945,12 @@ impl PyAdmissionGate {
         self.rate_limits.iter().map(|l| l.clone_ref(py)).collect()
     }
 
+    /// `estimator=`: a `RecentUsage`, the callable given, or `None`.
+    #[getter(estimator)]
+    fn estimator_getter(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.estimator.as_ref().map(|e| e.object(py))
+    }
+
     /// Admitted turns parked on a human approval, not holding a slot.
     #[getter]
     fn awaiting_human(&self) -> PyResult<u64> {
@@ -1140,6 +1154,9 @@ impl PyAdmissionGate {
         }
         for limit in &self.rate_limits {
             visit.call(limit)?;
+        }
+        if let Some(estimator) = &self.estimator {
+            estimator.traverse(&visit)?;
         }
         self.resources.traverse(&visit)
     }

@@ -22,6 +22,7 @@ mod budget_step;
 mod classify;
 mod enter;
 mod errors;
+mod estimator;
 mod exit;
 mod fleet;
 mod fork;
@@ -61,6 +62,8 @@ mod _admitgate {
     use super::classify::{_jsonrpc_request, A2ARules};
     #[pymodule_export]
     use super::errors::InternalError;
+    #[pymodule_export]
+    use super::estimator::PyRecentUsage;
     #[pymodule_export]
     use super::exit::_quiesce_at_exit;
     #[pymodule_export]

@@ -144,7 +144,8 @@ fn check_name(value: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 impl PyRateLimit {
-    fn limits(&self) -> PyResult<Vec<Limit>> {
+    /// Its limits, in order (requests first).
+    pub(super) fn limits(&self) -> PyResult<Vec<Limit>> {
         let meters = self
             .requests
             .iter()

@@ -50,6 +50,10 @@
 //! identity's turns settled with debt, their estimate errors; requests per identity per window
 //! are at most the limit, exactly.
 //!
+//! **Estimates.** A caller that knows no cost can ask a [`RecentUsage`] (module `estimate`):
+//! per identity, the larger of its last reported usage and a decayed average of its reports,
+//! learned from what turns report, in bounded memory.
+//!
 //! **Time** is the caller's (a `Duration` since any fixed origin, as the core takes it); per
 //! key it is made monotonic (a time earlier than the key's newest record is read as that
 //! record's), so two threads that read the clock in one order and lock in the other cannot
@@ -101,6 +105,7 @@
 
 pub mod budget;
 pub mod error;
+pub mod estimate;
 mod gcra;
 pub mod limit;
 mod log;
@@ -115,6 +120,7 @@ mod model_tests;
 
 pub use budget::{Budget, Decision, KeyHash, Limited, Reservation, Settlement, DEFAULT_MAX_KEYS};
 pub use error::BudgetError;
+pub use estimate::{RecentUsage, UsageKey, UsageStats};
 pub use limit::{Algorithm, Limit, Meter};
 pub use rate::Rate;
 pub use stats::BudgetStats;

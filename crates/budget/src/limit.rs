@@ -75,6 +75,17 @@ impl Limit {
         })
     }
 
+    /// The largest token estimate an admission may ever reserve under this limit (a sliding
+    /// window's amount, a GCRA limit's burst): more is refused with no retry time. `None` for
+    /// a request limit, which counts no tokens.
+    pub fn max_tokens(&self) -> Option<u64> {
+        match (self.meter, self.algorithm) {
+            (Meter::Requests, _) => None,
+            (Meter::Tokens, Algorithm::SlidingWindow) => Some(self.rate.amount()),
+            (Meter::Tokens, Algorithm::Gcra { burst }) => Some(burst),
+        }
+    }
+
     /// What one admission costs under this limit: 1 request, or its tokens.
     pub(crate) fn cost(&self, tokens: u64) -> u64 {
         match self.meter {
@@ -190,6 +201,27 @@ impl LimitState {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn max_tokens_is_the_largest_cost_that_ever_fits() {
+        let rate = Rate::parse("tokens", "1000/min").unwrap();
+        for limit in [
+            Limit::sliding(Meter::Tokens, rate),
+            Limit::gcra(Meter::Tokens, rate, 300).unwrap(),
+        ] {
+            let max = limit.max_tokens().unwrap();
+            let state = limit.fresh();
+            assert_ne!(limit.verdict(&state, 0, max), Verdict::Never, "{limit:?}");
+            assert_eq!(
+                limit.verdict(&state, 0, max + 1),
+                Verdict::Never,
+                "{limit:?}"
+            );
+        }
+        assert_eq!(Limit::sliding(Meter::Requests, rate).max_tokens(), None);
+    }
+
     #[test]
     fn a_key_state_is_40_bytes_inline() {
         assert_eq!(std::mem::size_of::<super::LimitState>(), 40);
