@@ -1,7 +1,7 @@
 """The broker's connections: an h2c upstream for requests that are not gRPC
 (``--upstream-protocol``), and client HTTP/1.1 connections that hold no hyper buffers while
 they idle between requests (hyper's connection is built per exchange and the socket is taken
-back once every exchange has ended).
+back once every exchange has ended), and the memory an open gated stream costs.
 
 Real servers on loopback: uvicorn (HTTP/1.1 only), grpc.aio (h2c only: it answers any
 HTTP/2 POST to a registered method, whatever its content type; in a child process where a
@@ -21,6 +21,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import pytest
 from _a2a_app import ServerThread
@@ -422,6 +425,81 @@ def test_an_open_gated_stream_costs_a_bounded_amount_of_memory(env: Any) -> None
         time.sleep(0.5)
         per_stream = (rss_kb(broker.process.pid) - before) / STREAMS
         assert per_stream < 46, f"{per_stream:.1f} KB per open stream"
+    finally:
+        for sock in sockets:
+            sock.close()
+        assert broker.stop() == 0
+
+
+def _open_h2_streams(address: str, connections: int, per_connection: int) -> list[socket.socket]:
+    """Opens ``connections`` h2c connections of ``per_connection`` gated streams to the agent's
+    `/acme/message:stream` (which answers and never ends), ten at a time, each ten answered
+    before the next: what the streams hold, not a burst's peak."""
+    host, port = address.split(":")
+    sockets = []
+    for _ in range(connections):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        sockets.append(sock)
+        for _ in range(per_connection // 10):
+            for _ in range(10):
+                sid = conn.get_next_available_stream_id()
+                conn.send_headers(
+                    sid,
+                    [
+                        (":method", "POST"),
+                        (":path", "/acme/message:stream"),
+                        (":scheme", "http"),
+                        (":authority", "x"),
+                        ("content-type", "application/json"),
+                        ("te", "trailers"),
+                    ],
+                )
+                conn.send_data(sid, framed(b"go"), end_stream=True)
+            sock.sendall(conn.data_to_send())
+            heads = 0
+            while heads < 10:
+                data = sock.recv(65536)
+                assert data, "the broker closed an h2c connection"
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        assert dict(event.headers)[b":status"] == b"200"
+                        heads += 1
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(len(event.data), event.stream_id)
+                    assert not isinstance(event, h2.events.StreamReset), event
+                sock.sendall(conn.data_to_send())
+    return sockets
+
+
+def test_an_open_gated_h2c_stream_costs_a_bounded_amount_of_memory(env: Any) -> None:
+    """400 gated streams held open over h2c from the client (4 connections of 100) and to the
+    agent (`--upstream-protocol h2`), opened ten at a time: the broker's RSS grows by under
+    6 KB a stream. Measured on the debug build: 2.8 KB; 8.5 KB while hyper's task for each
+    stream held the request's whole future (boxed since) for the stream's life."""
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.agent.url,
+        "--upstream-protocol",
+        "h2",
+        "--threads",
+        "1",
+        "--max-in-flight",
+        "10000",
+        metrics=False,
+    )
+    sockets: list[socket.socket] = []
+    try:
+        # One connection first, not measured: the upstream connection and the broker's tables.
+        sockets += _open_h2_streams(broker.address, 1, 10)
+        time.sleep(0.3)
+        before = rss_kb(broker.process.pid)
+        sockets += _open_h2_streams(broker.address, 4, 100)
+        time.sleep(0.5)
+        per_stream = (rss_kb(broker.process.pid) - before) / 400
+        assert per_stream < 6, f"{per_stream:.1f} KB per open stream"
     finally:
         for sock in sockets:
             sock.close()
