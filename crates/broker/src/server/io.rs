@@ -251,3 +251,61 @@ impl AsyncWrite for ClientIo {
         Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::ClientIo;
+
+    const REQUEST: &[u8] =
+        b"POST /message:stream HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}";
+
+    /// The server's end of a connection whose client sent `REQUEST`, with its first `split`
+    /// bytes already read (as the HTTP/2 preface check reads them) and the rest waiting.
+    async fn sent(split: usize) -> (ClientIo, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        client.write_all(REQUEST).await.unwrap();
+        let mut first = vec![0; split];
+        server.read_exact(&mut first).await.unwrap();
+        // The rest has arrived in the server's socket.
+        server.readable().await.unwrap();
+        let io = ClientIo::new(server, Bytes::from(first), Duration::from_secs(5));
+        (io, client)
+    }
+
+    /// One `poll_read` of `io` into a fresh, uninitialized 8 KiB buffer, as hyper reads.
+    async fn read_once(io: &mut ClientIo) -> (Vec<u8>, usize) {
+        let mut storage = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut buf = ReadBuf::uninit(&mut storage);
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut *io).poll_read(cx, &mut buf))
+            .await
+            .unwrap();
+        (buf.filled().to_vec(), buf.initialized().len())
+    }
+
+    #[tokio::test]
+    async fn a_replay_and_what_the_socket_holds_come_in_one_read() {
+        let (mut io, _client) = sent(24).await;
+        // One read: hyper parses the head at once and never reserves a second buffer.
+        assert_eq!(read_once(&mut io).await.0, REQUEST);
+    }
+
+    #[tokio::test]
+    async fn a_read_initializes_only_what_it_fills() {
+        let (mut io, _client) = sent(0).await;
+        let (filled, initialized) = read_once(&mut io).await;
+        assert_eq!(filled, REQUEST);
+        // The rest of hyper's buffer is left as it was: never written, never made resident.
+        assert_eq!(initialized, REQUEST.len());
+    }
+}
