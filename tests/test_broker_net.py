@@ -1,7 +1,7 @@
 """The broker's connections: an h2c upstream for requests that are not gRPC
 (``--upstream-protocol``), and client HTTP/1.1 connections that hold no hyper buffers while
 they idle between requests (hyper's connection is built per exchange and the socket is taken
-back once every exchange has ended).
+back once every exchange has ended), and the memory an open gated stream costs.
 
 Real servers on loopback: uvicorn (HTTP/1.1 only), grpc.aio (h2c only: it answers any
 HTTP/2 POST to a registered method, whatever its content type; in a child process where a
@@ -10,6 +10,7 @@ test kills it mid-stream), httpx clients and raw sockets.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import socket
 import subprocess
@@ -20,13 +21,16 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import pytest
 from _a2a_app import ServerThread
 from _broker import BrokerProcess, build_broker
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 # A gRPC server (h2c only) whose methods sit at A2A REST paths, so that a request with a
@@ -84,10 +88,28 @@ async def _echo(request: Request) -> PlainTextResponse:
     return PlainTextResponse(f"{len(body)} {hashlib.sha256(body).hexdigest()[:16]}")
 
 
+async def _stream(request: Request) -> StreamingResponse:
+    """An SSE stream that sends one event, then stays open (until the client goes)."""
+    await request.body()
+
+    async def events() -> Any:
+        yield b"data: first\n\n"
+        await asyncio.sleep(3600)
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 @pytest.fixture(scope="module")
 def env() -> Iterator[types.SimpleNamespace]:
     server = ServerThread()
-    server.start(Starlette(routes=[Route("/echo", _echo, methods=["GET", "POST"])]))
+    server.start(
+        Starlette(
+            routes=[
+                Route("/echo", _echo, methods=["GET", "POST"]),
+                Route("/message:stream", _stream, methods=["POST"]),
+            ]
+        )
+    )
     agent = H2cAgent()
     yield types.SimpleNamespace(server=server, agent=agent, binary=build_broker())
     agent.kill()
@@ -347,6 +369,137 @@ def test_busy_connections_hand_their_buffers_back_once_idle(env: Any) -> None:
         for sock in sockets[::40]:
             sock.sendall(request)
             assert read_response(sock, bytearray())[0].startswith(b"HTTP/1.1 502")
+    finally:
+        for sock in sockets:
+            sock.close()
+        assert broker.stop() == 0
+
+
+STREAM_BODY = b'{"message":{"role":"ROLE_USER","parts":[{"text":"x"}]}}'
+STREAMS = 400
+
+
+def test_an_open_gated_stream_costs_a_bounded_amount_of_memory(env: Any) -> None:
+    """400 gated SSE streams held open, HTTP/1.1 from the client and to the agent (each its
+    own connection on both sides), on one thread as a sidecar runs: the broker's RSS grows by
+    under 46 KB a stream. Each holds hyper's 8 KiB read and write buffers on both of its
+    connections and the upstream connection's request channel (BENCHMARKS.md, "issue 26:
+    memory per open stream", has the profile). Measured on the debug build: 37-41 KB a
+    stream; 51-55 KB before the request's state was freed once its response head was out
+    and before a client's read buffer stopped growing to 16 KiB and being zeroed whole on
+    every read."""
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.server.url,
+        "--threads",
+        "1",
+        "--max-in-flight",
+        "10000",
+        metrics=False,
+    )
+    host, port = broker.address.split(":")
+    request = (
+        b"POST /message:stream HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"accept: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(STREAM_BODY), STREAM_BODY)
+    )
+    sockets: list[socket.socket] = []
+    try:
+        # One stream first, not measured: the broker's pools and tables for the agent.
+        warm = socket.create_connection((host, int(port)), timeout=30)
+        sockets.append(warm)
+        warm.sendall(request)
+        assert warm.recv(256).startswith(b"HTTP/1.1 200")
+        time.sleep(0.3)
+        before = rss_kb(broker.process.pid)
+        opened = []
+        for _ in range(STREAMS):
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            sockets.append(sock)
+            opened.append(sock)
+            sock.sendall(request)
+        for sock in opened:
+            head = sock.recv(256)
+            assert head.startswith(b"HTTP/1.1 200"), head[:60]
+        time.sleep(0.5)
+        per_stream = (rss_kb(broker.process.pid) - before) / STREAMS
+        assert per_stream < 46, f"{per_stream:.1f} KB per open stream"
+    finally:
+        for sock in sockets:
+            sock.close()
+        assert broker.stop() == 0
+
+
+def _open_h2_streams(address: str, connections: int, per_connection: int) -> list[socket.socket]:
+    """Opens ``connections`` h2c connections of ``per_connection`` gated streams to the agent's
+    `/acme/message:stream` (which answers and never ends), ten at a time, each ten answered
+    before the next: what the streams hold, not a burst's peak."""
+    host, port = address.split(":")
+    sockets = []
+    for _ in range(connections):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        sockets.append(sock)
+        for _ in range(per_connection // 10):
+            for _ in range(10):
+                sid = conn.get_next_available_stream_id()
+                conn.send_headers(
+                    sid,
+                    [
+                        (":method", "POST"),
+                        (":path", "/acme/message:stream"),
+                        (":scheme", "http"),
+                        (":authority", "x"),
+                        ("content-type", "application/json"),
+                        ("te", "trailers"),
+                    ],
+                )
+                conn.send_data(sid, framed(b"go"), end_stream=True)
+            sock.sendall(conn.data_to_send())
+            heads = 0
+            while heads < 10:
+                data = sock.recv(65536)
+                assert data, "the broker closed an h2c connection"
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        assert dict(event.headers)[b":status"] == b"200"
+                        heads += 1
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(len(event.data), event.stream_id)
+                    assert not isinstance(event, h2.events.StreamReset), event
+                sock.sendall(conn.data_to_send())
+    return sockets
+
+
+def test_an_open_gated_h2c_stream_costs_a_bounded_amount_of_memory(env: Any) -> None:
+    """400 gated streams held open over h2c from the client (4 connections of 100) and to the
+    agent (`--upstream-protocol h2`), opened ten at a time: the broker's RSS grows by under
+    6 KB a stream. Measured on the debug build: 2.8 KB; 8.5 KB while hyper's task for each
+    stream held the request's whole future (boxed since) for the stream's life."""
+    broker = BrokerProcess(
+        env.binary,
+        "--upstream",
+        env.agent.url,
+        "--upstream-protocol",
+        "h2",
+        "--threads",
+        "1",
+        "--max-in-flight",
+        "10000",
+        metrics=False,
+    )
+    sockets: list[socket.socket] = []
+    try:
+        # One connection first, not measured: the upstream connection and the broker's tables.
+        sockets += _open_h2_streams(broker.address, 1, 10)
+        time.sleep(0.3)
+        before = rss_kb(broker.process.pid)
+        sockets += _open_h2_streams(broker.address, 4, 100)
+        time.sleep(0.5)
+        per_stream = (rss_kb(broker.process.pid) - before) / 400
+        assert per_stream < 6, f"{per_stream:.1f} KB per open stream"
     finally:
         for sock in sockets:
             sock.close()

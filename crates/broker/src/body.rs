@@ -217,7 +217,9 @@ where
 /// to arrive by a deadline ([`Replayed::rest_by`]).
 pub struct Replayed {
     prefix: Option<Bytes>,
-    trailers: Option<HeaderMap>,
+    /// Boxed (a request's trailers are rare): every upstream HTTP/1.1 connection's request
+    /// channel holds 32 slots the size of a request, for the connection's life.
+    trailers: Option<Box<HeaderMap>>,
     rest: Option<ClientBody>,
     /// When the rest must have arrived; past it the body fails ([`BodyTimedOut`]).
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -250,7 +252,7 @@ impl Replayed {
     pub fn new(prefix: Bytes, trailers: Option<HeaderMap>, rest: Option<ClientBody>) -> Self {
         Self {
             prefix: (!prefix.is_empty()).then_some(prefix),
-            trailers,
+            trailers: trailers.map(Box::new),
             rest,
             deadline: None,
         }
@@ -278,7 +280,7 @@ impl Replayed {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => held.extend_from_slice(&data),
                     Err(frame) => {
-                        self.trailers = frame.into_trailers().ok();
+                        self.trailers = frame.into_trailers().ok().map(Box::new);
                         self.rest = None;
                     }
                 },
@@ -322,7 +324,7 @@ impl Body for Replayed {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         if let Some(trailers) = self.trailers.take() {
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            return Poll::Ready(Some(Ok(Frame::trailers(*trailers))));
         }
         let polled = match self.rest.as_mut() {
             Some(rest) => Pin::new(rest).poll_frame(cx).map_err(Into::into),

@@ -231,12 +231,15 @@ impl Connection {
                 });
                 let exchanges = exchanges.clone();
                 let broker = broker.clone();
-                async move {
+                // Boxed: hyper keeps a box the size of this future for the connection's
+                // life; boxed, that box is a pointer and the request's state is freed once
+                // its response head is out (a stream's body no longer pays for it).
+                Box::pin(async move {
                     let response = broker.handle(request, peer).await?;
                     Ok::<_, std::convert::Infallible>(
                         response.map(|body| Ending::new(body, exchanges)),
                     )
-                }
+                })
             })
         };
         let hand_back = io.hand_back_flag();
@@ -310,7 +313,9 @@ impl Connection {
         let peer = self.peer;
         let service = service_fn(move |request: Request<Incoming>| {
             let request = request.map(|body| ClientBody::new(body, None));
-            broker.clone().handle(request, peer)
+            // Boxed: hyper's task for the stream holds the future inline for the stream's
+            // whole life; boxed, the request's state is freed once the response head is out.
+            Box::pin(broker.clone().handle(request, peer))
         });
         let connection = self
             .builders

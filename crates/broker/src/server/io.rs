@@ -156,42 +156,60 @@ impl AsyncRead for ClientIo {
                 buf.put_slice(chunk);
             }
             self.replay.advance(n);
+            if self.replay.is_empty() && buf.remaining() > 0 {
+                // What the socket holds already, in the same read: hyper reserves 8 KiB more
+                // for each read that leaves a request head incomplete, so a request read in
+                // two parts (the replayed first bytes, then the rest) grew its read buffer
+                // to 16 KiB for the connection's life. Nothing there yet (or an error): the
+                // next read waits for it (or meets it).
+                let _ = self.recv_now(buf);
+            }
             return Poll::Ready(Ok(()));
         }
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
-            // What tokio's own `TcpStream::poll_read` does, which the shared socket cannot
-            // call: read into the buffer's spare room as it is (hyper's is uninitialised, and
-            // zeroing it first, `initialize_unfilled`, cost 8 KiB of memset per read), and a
-            // read that did not fill it shows the socket drained, so its readiness is cleared
-            // (returning `WouldBlock` from `try_io` clears it): otherwise the next read is a
-            // `recvfrom` that only says `EAGAIN`, one per request. Measured in BENCHMARKS.md.
-            let room = buf.remaining();
-            let mut read = None;
-            // Safety: `recv` only writes into the slice (it never de-initialises a byte), and
-            // `assume_init` below covers just the `n` bytes it wrote.
-            let unfilled = unsafe { buf.unfilled_mut() };
-            let tried = self.stream.try_io(Interest::READABLE, || {
-                let n = SockRef::from(&*self.stream).recv(unfilled)?;
-                read = Some(n);
-                if n > 0 && n < room {
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Ok(n)
-            });
-            if let Some(n) = read {
-                // Safety: the kernel wrote these `n` bytes of the unfilled part.
-                unsafe { buf.assume_init(n) };
-                buf.advance(n);
-                return Poll::Ready(Ok(()));
-            }
-            match tried {
+            match self.recv_now(buf) {
+                Ok(()) => return Poll::Ready(Ok(())),
                 // The readiness was stale (it is cleared): wait for the next.
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
                 Err(error) => return Poll::Ready(Err(error)),
-                Ok(_) => {}
             }
         }
+    }
+}
+
+impl ClientIo {
+    /// Reads what the socket holds now into `buf`'s unfilled part, which is left
+    /// uninitialized until then: `try_read(buf.initialize_unfilled())` zeroed the whole of
+    /// hyper's read buffer before every read (hyper hands a fresh `ReadBuf` each time), which
+    /// made every page of it resident for the connection's life and cost an 8 KiB memset per
+    /// read. A read that does not fill the room shows the socket drained, so its readiness is
+    /// cleared (returning `WouldBlock` from `try_io` clears it), as tokio's own
+    /// `TcpStream::poll_read` does: otherwise the next read is a `recvfrom` that only says
+    /// `EAGAIN`, one per request. Both measured in BENCHMARKS.md.
+    fn recv_now(&self, buf: &mut ReadBuf<'_>) -> io::Result<()> {
+        let stream = &*self.stream;
+        let room = buf.remaining();
+        let mut read = None;
+        let tried = stream.try_io(Interest::READABLE, || {
+            // Safety: `recv` only writes bytes into the slice (it never de-initializes
+            // any), as `unfilled_mut` requires.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let n = SockRef::from(stream).recv(unfilled)?;
+            read = Some(n);
+            if n > 0 && n < room {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        if let Some(n) = read {
+            // Safety: `recv` initialized the first `n` bytes of the unfilled part (socket2's
+            // contract: it returns how many bytes it wrote).
+            unsafe { buf.assume_init(n) };
+            buf.advance(n);
+            return Ok(());
+        }
+        tried.map(drop)
     }
 }
 
@@ -246,5 +264,63 @@ impl AsyncWrite for ClientIo {
         }
         // What tokio's own `poll_shutdown` does: the write side is shut down at once.
         Poll::Ready(socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::ClientIo;
+
+    const REQUEST: &[u8] =
+        b"POST /message:stream HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}";
+
+    /// The server's end of a connection whose client sent `REQUEST`, with its first `split`
+    /// bytes already read (as the HTTP/2 preface check reads them) and the rest waiting.
+    async fn sent(split: usize) -> (ClientIo, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        client.write_all(REQUEST).await.unwrap();
+        let mut first = vec![0; split];
+        server.read_exact(&mut first).await.unwrap();
+        // The rest has arrived in the server's socket.
+        server.readable().await.unwrap();
+        let io = ClientIo::new(server, Bytes::from(first), Duration::from_secs(5));
+        (io, client)
+    }
+
+    /// One `poll_read` of `io` into a fresh, uninitialized 8 KiB buffer, as hyper reads.
+    async fn read_once(io: &mut ClientIo) -> (Vec<u8>, usize) {
+        let mut storage = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut buf = ReadBuf::uninit(&mut storage);
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut *io).poll_read(cx, &mut buf))
+            .await
+            .unwrap();
+        (buf.filled().to_vec(), buf.initialized().len())
+    }
+
+    #[tokio::test]
+    async fn a_replay_and_what_the_socket_holds_come_in_one_read() {
+        let (mut io, _client) = sent(24).await;
+        // One read: hyper parses the head at once and never reserves a second buffer.
+        assert_eq!(read_once(&mut io).await.0, REQUEST);
+    }
+
+    #[tokio::test]
+    async fn a_read_initializes_only_what_it_fills() {
+        let (mut io, _client) = sent(0).await;
+        let (filled, initialized) = read_once(&mut io).await;
+        assert_eq!(filled, REQUEST);
+        // The rest of hyper's buffer is left as it was: never written, never made resident.
+        assert_eq!(initialized, REQUEST.len());
     }
 }
