@@ -378,7 +378,31 @@ async fn fleet_decision_cost() {
         Limit::sliding(Meter::Tokens, rate(1 << 40, 60_000)),
     ];
     let budget = budget_on(&server, &name("cost"), &limits, BudgetFallback::Reject);
+    // Where the time goes, independent of wall-clock noise: CPU seconds of the redis-server
+    // (INFO cpu) and of this process (getrusage) per decision, and the script's own time
+    // inside the server (evalsha usec_per_call).
+    let server_cpu = || {
+        let info = server.command(&["INFO", "cpu"]);
+        ["used_cpu_sys:", "used_cpu_user:"]
+            .iter()
+            .map(|field| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            })
+            .sum::<f64>()
+    };
+    let own_cpu = || {
+        // Safety: getrusage writes only the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        secs(usage.ru_utime) + secs(usage.ru_stime)
+    };
     for concurrency in [1usize, 8, 32] {
+        server.command(&["CONFIG", "RESETSTAT"]);
+        let (server_before, own_before) = (server_cpu(), own_cpu());
         let until = Instant::now() + Duration::from_secs(3);
         let mut tasks = Vec::new();
         for t in 0..concurrency {
@@ -403,11 +427,72 @@ async fn fleet_decision_cost() {
         }
         let n = samples.len();
         let (p50, p99) = support::percentiles(samples);
+        let server_us = (server_cpu() - server_before) * 1e6 / n as f64;
+        let own_us = (own_cpu() - own_before) * 1e6 / n as f64;
+        let stats = server.command(&["INFO", "commandstats"]);
+        let script_us = stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("usec_per_call=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .unwrap_or("?")
+            .to_owned();
         println!(
-            "concurrency {concurrency}: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}",
+            "concurrency {concurrency}: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}; CPU per \
+             decision: redis-server {server_us:.1} us (evalsha {script_us} us), this process \
+             {own_us:.1} us",
             n as f64 / 3.0
         );
     }
+    // The bar as stated (issue 24: >= 20,000 decisions/s with p99 <= 1 ms): decisions offered
+    // at 20,000/s whoever is waiting (20 every millisecond, each its own task), each timed from
+    // when it was due, so a late issuer counts against the latency. (With C callers each
+    // waiting for its answer, the mean latency is C / throughput: 32 callers at 20,000/s wait
+    // 1.6 ms on average, so a closed loop of 32 cannot show it.)
+    let (per_tick, seconds) = (20usize, 3u64);
+    server.command(&["CONFIG", "RESETSTAT"]);
+    let (server_before, own_before) = (server_cpu(), own_cpu());
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_millis(1));
+    let mut tasks = Vec::new();
+    for tick in 0..seconds * 1000 {
+        ticks.tick().await;
+        let due = started + Duration::from_millis(tick);
+        for k in 0..per_tick {
+            let budget = budget.clone();
+            let id = format!("identity-{}", (tick as usize * per_tick + k) % 2000);
+            tasks.push(tokio::spawn(async move {
+                // Err: a call that took longer than its bound (the backlog of an overload).
+                let decided = budget.reserve(id.as_bytes(), 100).await;
+                if let Ok(d) = &decided {
+                    assert!(matches!(d, FleetDecision::Allowed(_)));
+                }
+                (
+                    decided.is_ok(),
+                    Instant::now(),
+                    Instant::now().saturating_duration_since(due),
+                )
+            }));
+        }
+    }
+    let mut samples = Vec::new();
+    let (mut last, mut failed) = (started, 0);
+    for t in tasks {
+        let (ok, done, latency) = t.await.unwrap();
+        last = last.max(done);
+        samples.push(latency);
+        failed += usize::from(!ok);
+    }
+    let n = samples.len();
+    let (p50, p99) = support::percentiles(samples);
+    println!(
+        "offered {}/s: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}, {failed} past the call's \
+         bound; CPU per decision: redis-server {:.1} us, this process {:.1} us",
+        per_tick * 1000,
+        n as f64 / (last - started).as_secs_f64(),
+        (server_cpu() - server_before) * 1e6 / n as f64,
+        (own_cpu() - own_before) * 1e6 / n as f64,
+    );
     // Redis memory of one identity holding 60 requests and 60 token entries.
     let FleetDecision::Allowed(_) = budget.reserve(b"memory", 1).await.unwrap() else {
         panic!()
