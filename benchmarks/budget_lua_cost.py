@@ -167,8 +167,11 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
                 server.pipelined(reserves(sha, limits, 500, i), check=True)
             server.call("CONFIG", "RESETSTAT")
             if callgrind:
-                subprocess.run(["callgrind_control", "-z", str(server.process.pid)],
-                               check=True, capture_output=True)
+                subprocess.run(
+                    ["callgrind_control", "-z", str(server.process.pid)],
+                    check=True,
+                    capture_output=True,
+                )
             done = 2000
             while done < 2000 + calls:
                 batch = min(500, 2000 + calls - done)
@@ -178,8 +181,11 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
             line = f"{script.name} {shape}: {n} calls, evalsha usec_per_call {usec:.2f}"
             line += f" ({1e6 / usec:,.0f}/s on one server thread)"
             if callgrind:
-                subprocess.run(["callgrind_control", "-d", str(server.process.pid)],
-                               check=True, capture_output=True)
+                subprocess.run(
+                    ["callgrind_control", "-d", str(server.process.pid)],
+                    check=True,
+                    capture_output=True,
+                )
                 total = 0
                 for path in Path(server.dir).glob("callgrind.out.*"):
                     for row in path.read_text().splitlines():
