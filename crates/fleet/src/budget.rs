@@ -6,7 +6,7 @@
 //! per identity in any half-open interval of length `T`, however many replicas ask at once,
 //! and a refusal carries the exact time at which the same admission fits. The keys of one
 //! identity share the hash tag `{<name>:<identity hash>}` (one cluster slot) and expire a
-//! window after their newest entry. The identity is hashed (SHA-1, 128 bits shown) before it
+//! window and a second (up to 1.5 s) after their newest entry, by the identity's clock. The identity is hashed (SHA-1, 128 bits shown) before it
 //! leaves the process; note that a hash of a guessable identity (a user name) can be guessed
 //! by whoever reads Redis.
 //!

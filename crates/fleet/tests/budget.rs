@@ -234,7 +234,8 @@ async fn keys_expire_with_their_window_and_hold_no_raw_identity() {
         .unwrap()
         .to_owned();
     let ttl: i64 = server.command(&["PTTL", &first]).parse().unwrap();
-    assert!(ttl > 0 && ttl <= 1400, "PTTL {ttl}");
+    // A window and a second, up to the end of the half-second cell the entry is in.
+    assert!(ttl > 0 && ttl <= 1900, "PTTL {ttl}");
     fleet.settle(r, 4).await.unwrap();
     eventually(
         Duration::from_secs(3),
@@ -377,7 +378,31 @@ async fn fleet_decision_cost() {
         Limit::sliding(Meter::Tokens, rate(1 << 40, 60_000)),
     ];
     let budget = budget_on(&server, &name("cost"), &limits, BudgetFallback::Reject);
+    // Where the time goes, independent of wall-clock noise: CPU seconds of the redis-server
+    // (INFO cpu) and of this process (getrusage) per decision, and the script's own time
+    // inside the server (evalsha usec_per_call).
+    let server_cpu = || {
+        let info = server.command(&["INFO", "cpu"]);
+        ["used_cpu_sys:", "used_cpu_user:"]
+            .iter()
+            .map(|field| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            })
+            .sum::<f64>()
+    };
+    let own_cpu = || {
+        // Safety: getrusage writes only the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        secs(usage.ru_utime) + secs(usage.ru_stime)
+    };
     for concurrency in [1usize, 8, 32] {
+        server.command(&["CONFIG", "RESETSTAT"]);
+        let (server_before, own_before) = (server_cpu(), own_cpu());
         let until = Instant::now() + Duration::from_secs(3);
         let mut tasks = Vec::new();
         for t in 0..concurrency {
@@ -402,11 +427,72 @@ async fn fleet_decision_cost() {
         }
         let n = samples.len();
         let (p50, p99) = support::percentiles(samples);
+        let server_us = (server_cpu() - server_before) * 1e6 / n as f64;
+        let own_us = (own_cpu() - own_before) * 1e6 / n as f64;
+        let stats = server.command(&["INFO", "commandstats"]);
+        let script_us = stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("usec_per_call=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .unwrap_or("?")
+            .to_owned();
         println!(
-            "concurrency {concurrency}: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}",
+            "concurrency {concurrency}: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}; CPU per \
+             decision: redis-server {server_us:.1} us (evalsha {script_us} us), this process \
+             {own_us:.1} us",
             n as f64 / 3.0
         );
     }
+    // The bar as stated (issue 24: >= 20,000 decisions/s with p99 <= 1 ms): decisions offered
+    // at 20,000/s whoever is waiting (20 every millisecond, each its own task), each timed from
+    // when it was due, so a late issuer counts against the latency. (With C callers each
+    // waiting for its answer, the mean latency is C / throughput: 32 callers at 20,000/s wait
+    // 1.6 ms on average, so a closed loop of 32 cannot show it.)
+    let (per_tick, seconds) = (20usize, 3u64);
+    server.command(&["CONFIG", "RESETSTAT"]);
+    let (server_before, own_before) = (server_cpu(), own_cpu());
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_millis(1));
+    let mut tasks = Vec::new();
+    for tick in 0..seconds * 1000 {
+        ticks.tick().await;
+        let due = started + Duration::from_millis(tick);
+        for k in 0..per_tick {
+            let budget = budget.clone();
+            let id = format!("identity-{}", (tick as usize * per_tick + k) % 2000);
+            tasks.push(tokio::spawn(async move {
+                // Err: a call that took longer than its bound (the backlog of an overload).
+                let decided = budget.reserve(id.as_bytes(), 100).await;
+                if let Ok(d) = &decided {
+                    assert!(matches!(d, FleetDecision::Allowed(_)));
+                }
+                (
+                    decided.is_ok(),
+                    Instant::now(),
+                    Instant::now().saturating_duration_since(due),
+                )
+            }));
+        }
+    }
+    let mut samples = Vec::new();
+    let (mut last, mut failed) = (started, 0);
+    for t in tasks {
+        let (ok, done, latency) = t.await.unwrap();
+        last = last.max(done);
+        samples.push(latency);
+        failed += usize::from(!ok);
+    }
+    let n = samples.len();
+    let (p50, p99) = support::percentiles(samples);
+    println!(
+        "offered {}/s: {:.0} decisions/s, p50 {p50:?}, p99 {p99:?}, {failed} past the call's \
+         bound; CPU per decision: redis-server {:.1} us, this process {:.1} us",
+        per_tick * 1000,
+        n as f64 / (last - started).as_secs_f64(),
+        (server_cpu() - server_before) * 1e6 / n as f64,
+        (own_cpu() - own_before) * 1e6 / n as f64,
+    );
     // Redis memory of one identity holding 60 requests and 60 token entries.
     let FleetDecision::Allowed(_) = budget.reserve(b"memory", 1).await.unwrap() else {
         panic!()
@@ -474,6 +560,105 @@ async fn ten_thousand_token_entries_expiring_at_once_are_pruned_in_chunks() {
     assert!(budget.fleet().backend_up());
     assert_eq!(server.zcard(&log), 1);
     assert_eq!(server.command(&["HGET", &amounts, "sum"]), "1000");
+}
+
+/// The script as `FleetBudget` calls it, straight from a test: `op` for reservation `id` on
+/// the identity `tag` with limits `(kind, amount, window_us)`; the reply's integers.
+fn call_script(
+    server: &RedisServer,
+    tag: &str,
+    op: &str,
+    id: &str,
+    tokens: u64,
+    limits: &[(&str, u64, u64)],
+) -> Vec<i64> {
+    let keys: Vec<String> = (0..limits.len())
+        .flat_map(|i| [format!("{tag}:{i}"), format!("{tag}:{i}:t")])
+        .collect();
+    let mut args: Vec<String> = vec![
+        "EVAL".into(),
+        include_str!("../src/lua/budget.lua").into(),
+        keys.len().to_string(),
+    ];
+    args.extend(keys);
+    args.extend([op.into(), id.into(), tokens.to_string(), "0".into()]);
+    args.push(limits.len().to_string());
+    for (kind, amount, window) in limits {
+        args.extend([kind.to_string(), amount.to_string(), window.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    server
+        .command(&args)
+        .lines()
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+/// A reserve sent again (its reply lost with a dropped connection) answers "allowed" and is
+/// counted once: when it still fits, when its own entry now fills the limit, and when only a
+/// later limit still holds it (the earlier one lost it): nothing is recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_sent_again_is_allowed_and_counted_once() {
+    let server = shared();
+    let tag = format!("{{{}:resend}}", name("resend"));
+    let limits = [("r", 2, 60_000_000), ("t", 100, 60_000_000)];
+    let reserve = |id: &str| call_script(server, &tag, "reserve", id, 30, &limits);
+    let allowed = |id: &str| reserve(id).first() == Some(&1);
+    let (log, sum) = (format!("{tag}:0"), || {
+        server.command(&["HGET", &format!("{tag}:1:t"), "sum"])
+    });
+    assert!(allowed("a"));
+    // Sent again while it fits: allowed, nothing added.
+    assert!(allowed("a"));
+    assert_eq!((server.zcard(&log), sum()), (1, "30".to_owned()));
+    // The limit of 2 requests reached: a new id is refused (by the request limit, index 0), a
+    // resend of one held is allowed.
+    assert!(allowed("b"));
+    let refused = reserve("c");
+    assert_eq!((refused[0], refused[2]), (0, 0), "{refused:?}");
+    assert!(allowed("b"));
+    // Only the token limit still holds "b" (its request entry gone): allowed, and the
+    // request log is not given an entry back.
+    server.command(&["ZREM", &log, "b"]);
+    assert!(allowed("b"));
+    assert_eq!((server.zcard(&log), sum()), (1, "60".to_owned()));
+}
+
+/// A failover to a server whose clock is behind: the identity's time stays at its newest
+/// entry (nothing is recorded earlier), and the keys' expiry follows that time, so no entry
+/// expires before its window ends by the clock it was recorded with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_gone_back_records_at_the_newest_time_and_expires_nothing_early() {
+    let server = shared();
+    let budget_name = name("clock");
+    let limits = [Limit::sliding(Meter::Requests, rate(3, 1_000))];
+    let budget = budget_on(server, &budget_name, &limits, BudgetFallback::Reject);
+    let digest = sha1_smol::Sha1::from(b"k").digest().to_string();
+    let log = format!("{{{budget_name}:{}}}:0", &digest[..32]);
+    // An entry recorded 5 s ahead of this server's clock by the primary before a failover,
+    // which kept the key a window and a second past it.
+    let time = server.command(&["TIME"]);
+    let mut parts = time.lines().map(|v| v.parse::<u64>().unwrap());
+    let now_us = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
+    let ahead_us = now_us + 5_000_000;
+    server.command(&["ZADD", &log, &ahead_us.to_string(), "before-failover"]);
+    let expiry_ms = ahead_us / 1000 + 2_000;
+    server.command(&["PEXPIREAT", &log, &expiry_ms.to_string()]);
+    match budget.reserve(b"k", 0).await.unwrap() {
+        FleetDecision::Allowed(r) => {
+            assert_eq!(r.server_time(), Some(Duration::from_micros(ahead_us)));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Still kept until 5 s + the window + the margin from now (not cut to the window + the
+    // margin by this server's clock, which would drop both entries 5 s early).
+    let ttl: i64 = server.command(&["PTTL", &log]).parse().unwrap();
+    assert!(ttl > 6_500, "PTTL {ttl}");
+    // The limit still counts the entry from the future, and the next admission too.
+    for _ in 0..2 {
+        let _ = budget.reserve(b"k", 0).await.unwrap();
+    }
+    assert_eq!(server.zcard(&log), 3);
 }
 
 /// `fleet="redis://..."`: a budget with a connection of its own decides on Redis; its stats

@@ -10,31 +10,50 @@
 --
 -- "At most N in any half-open interval of length W": an admission at now is allowed if the
 -- amounts recorded in (now - W, now] plus its cost are at most N (the fullest interval that
--- contains now starts just after now - W; nothing is recorded after now). Entries with
--- at + W <= now are pruned first (each once, so amortised O(1) per entry). A refusal names the
+-- contains now starts just after now - W; nothing is recorded after now). A refusal names the
 -- exact time at which the same admission fits: the time the oldest entries leave, until the
 -- rest plus the cost fit. Every limit's "fits from" only moves later while nothing is admitted,
 -- so the latest of them is the retry time of the whole.
 --
 -- Time is the server's (TIME); per identity it never goes back (a failover to a server with a
--- slower clock reads as the newest recorded time). Keys expire a window (plus a second) after
--- their newest entry, so an idle identity leaves nothing behind.
+-- slower clock reads as the newest recorded time). Keys expire at least a window plus a second
+-- (at most a window plus 1.5 s) after their newest entry, by that time (PEXPIREAT), so an idle
+-- identity leaves nothing behind and a clock gone back cannot expire an entry early.
 --
 -- Every op is idempotent per reservation id (a call sent again after a dropped connection may
 -- run twice): a reserve that finds its id recorded answers "allowed"; a settle sets what the id
 -- keeps (not a difference) and adds its debt entry once; a cancel removes what is there.
 --
+-- Cost: this runs on Redis's one thread for every fleet decision, so it makes as few calls as
+-- it can, and passes strings (Redis 7.0 formats a Lua number argument with "%.17g", which costs
+-- more than most calls). Time is cut into half-second cells: a log whose newest entry is in the
+-- current cell has been pruned and given its expiry in this cell already, so a decision there
+-- only reads the newest entry and the count (requests) or sum (tokens) and records. Expired
+-- entries are otherwise pruned (each once, so amortised O(1) per entry) at the first decision of
+-- a cell, and always before a refusal: counting an expired entry can only refuse, so a decision
+-- that fits with them fits without them, and one that does not is decided again on the pruned
+-- log. A log holds at most a window plus a cell of entries.
+--
 -- Replies: reserve {1, now_us} allowed, or {0, retry_at_us (-1: never), limit index (0-based),
 -- now_us}; settle and cancel {now_us}.
 local op, id = ARGV[1], ARGV[2]
 local tokens, debt, nlimits = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local KEY_MARGIN_MS = 1000
+-- A cell of time (us): see "Cost" above.
+local CELL = 500000
 -- A refusal reads the oldest entries in chunks of this many.
 local WALK = 64
 -- Expired token entries leave in chunks of this many (unpack's limit is a few thousand).
-local PRUNE_CHUNK = 1000
+local PRUNE_CHUNK = '1000'
+
+-- An integer as an argument: tostring keeps 14 digits (a time has 16), "%d" is exact.
+local function int(n)
+  return string.format('%d', n)
+end
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local now_arg = clock[1] .. string.rep('0', 6 - #clock[2]) .. clock[2]
 
 local limits = {}
 for i = 1, nlimits do
@@ -47,21 +66,49 @@ for i = 1, nlimits do
     amounts = KEYS[2 * i],
   }
   limits[i] = l
-  local newest = redis.call('ZRANGE', l.log, -1, -1, 'WITHSCORES')
-  if newest[2] and tonumber(newest[2]) > now then
-    now = tonumber(newest[2])
+  local newest = redis.call('ZRANGE', l.log, '-1', '-1', 'WITHSCORES')
+  if newest[2] then
+    l.newest = tonumber(newest[2])
+    if l.newest > now then
+      now, now_arg = l.newest, int(l.newest)
+    end
   end
+end
+local cell = math.floor(now / CELL)
+
+-- Recorded in this cell already: pruned and given its expiry in it (the cell's first record did
+-- both; an emptied log has no newest entry).
+local function fresh(l)
+  return l.newest ~= nil and math.floor(l.newest / CELL) == cell
 end
 
 local function prune(l)
+  if l.pruned then
+    return
+  end
+  l.pruned = true
+  if l.newest == nil then
+    return
+  end
   local edge = now - l.window
+  if l.newest <= edge then
+    -- Everything left the window (an identity back after a pause): both keys go in one call.
+    if l.kind == 'r' then
+      redis.call('DEL', l.log)
+    else
+      redis.call('DEL', l.log, l.amounts)
+    end
+    l.newest = nil
+    return
+  end
+  -- The newest entry stays, so the keys (and their expiry) stay.
   if l.kind == 'r' then
-    redis.call('ZREMRANGEBYSCORE', l.log, '-inf', edge)
+    redis.call('ZREMRANGEBYSCORE', l.log, '-inf', int(edge))
     return
   end
   -- In chunks: Lua's unpack takes a few thousand values at most.
   while true do
-    local gone = redis.call('ZRANGEBYSCORE', l.log, '-inf', edge, 'LIMIT', 0, PRUNE_CHUNK)
+    local gone = redis.call('ZRANGEBYSCORE', l.log, '-inf', int(edge), 'LIMIT', '0', PRUNE_CHUNK)
     if #gone == 0 then
       return
     end
@@ -72,43 +119,65 @@ local function prune(l)
     end
     redis.call('HDEL', l.amounts, unpack(gone))
     redis.call('ZREM', l.log, unpack(gone))
-    redis.call('HINCRBY', l.amounts, 'sum', -freed)
-    if #gone < PRUNE_CHUNK then
+    redis.call('HINCRBY', l.amounts, 'sum', int(-freed))
+    if #gone < tonumber(PRUNE_CHUNK) then
       return
     end
   end
 end
 
-local function expire(l)
-  local ms = math.ceil(l.window / 1000) + KEY_MARGIN_MS
-  redis.call('PEXPIRE', l.log, ms)
+-- What the log holds: requests counted, tokens summed (expired entries too unless pruned).
+local function held(l)
+  if l.newest == nil then
+    return 0
+  end
+  if l.kind == 'r' then
+    return redis.call('ZCARD', l.log)
+  end
+  return tonumber(redis.call('HGET', l.amounts, 'sum') or '0')
+end
+
+-- The keys live until the end of this cell plus a window and the margin (by `now`, which is
+-- never behind the server's clock): longer than any entry recorded in the cell needs.
+local function expire(l, always)
+  if fresh(l) and not always then
+    return
+  end
+  local at = int(math.ceil(((cell + 1) * CELL + l.window) / 1000) + KEY_MARGIN_MS)
+  redis.call('PEXPIREAT', l.log, at)
   if l.kind == 't' then
-    redis.call('PEXPIRE', l.amounts, ms)
+    redis.call('PEXPIREAT', l.amounts, at)
   end
 end
 
--- 0 if cost fits now, -1 if never, else the time (us) from which it fits.
+-- 0 if cost fits now, -1 if never, else the time (us) from which it fits. Leaves what the log
+-- holds in l.held.
 local function verdict(l, cost)
   if cost > l.amount then
     return -1
   end
-  if l.kind == 'r' then
-    local count = redis.call('ZCARD', l.log)
-    if count + cost <= l.amount then
-      return 0
-    end
-    -- The (count - amount + cost)-th oldest must leave: index count - amount + cost - 1.
-    local entry = redis.call('ZRANGE', l.log, count - l.amount + cost - 1, count - l.amount + cost - 1, 'WITHSCORES')
-    return tonumber(entry[2]) + l.window
+  if not fresh(l) then
+    prune(l)
   end
-  local left = tonumber(redis.call('HGET', l.amounts, 'sum') or '0')
-  local room = l.amount - cost
-  if left <= room then
+  local have = held(l)
+  if have + cost > l.amount and not l.pruned then
+    prune(l)
+    have = held(l)
+  end
+  l.held = have
+  if have + cost <= l.amount then
     return 0
   end
+  if l.kind == 'r' then
+    -- The (count - amount + cost)-th oldest must leave: index count - amount + cost - 1.
+    local index = int(have - l.amount + cost - 1)
+    local entry = redis.call('ZRANGE', l.log, index, index, 'WITHSCORES')
+    return tonumber(entry[2]) + l.window
+  end
+  local left, room = have, l.amount - cost
   local start = 0
   while true do
-    local chunk = redis.call('ZRANGE', l.log, start, start + WALK - 1, 'WITHSCORES')
+    local chunk = redis.call('ZRANGE', l.log, int(start), int(start + WALK - 1), 'WITHSCORES')
     if #chunk == 0 then
       return -1
     end
@@ -127,18 +196,6 @@ local function verdict(l, cost)
   end
 end
 
-local function add(l, member, cost)
-  if cost <= 0 then
-    return
-  end
-  redis.call('ZADD', l.log, now, member)
-  if l.kind == 't' then
-    redis.call('HINCRBY', l.amounts, member, cost)
-    redis.call('HINCRBY', l.amounts, 'sum', cost)
-  end
-  expire(l)
-end
-
 -- Lowers what `member` holds to `keep` (0: removes it; a request limit's entry holds 1).
 local function keep_only(l, member, keep)
   if l.kind == 'r' then
@@ -147,17 +204,17 @@ local function keep_only(l, member, keep)
     end
     return
   end
-  local held = tonumber(redis.call('HGET', l.amounts, member) or '0')
-  if held <= keep then
+  local held_by = tonumber(redis.call('HGET', l.amounts, member) or '0')
+  if held_by <= keep then
     return
   end
   if keep <= 0 then
     redis.call('HDEL', l.amounts, member)
     redis.call('ZREM', l.log, member)
   else
-    redis.call('HSET', l.amounts, member, keep)
+    redis.call('HSET', l.amounts, member, int(keep))
   end
-  redis.call('HINCRBY', l.amounts, 'sum', keep - held)
+  redis.call('HINCRBY', l.amounts, 'sum', int(keep - held_by))
 end
 
 local function cost_of(l, n)
@@ -167,16 +224,45 @@ local function cost_of(l, n)
   return n
 end
 
-for _, l in ipairs(limits) do
-  prune(l)
+-- Whether `id` is recorded in any log, every log pruned first (a reserve sent again).
+local function recorded()
+  for _, l in ipairs(limits) do
+    prune(l)
+  end
+  for _, l in ipairs(limits) do
+    if redis.call('ZSCORE', l.log, id) then
+      return true
+    end
+  end
+  return false
+end
+
+-- Records the reservation in every limit it costs something in; false (and nothing recorded)
+-- if a log holds `id` already.
+local function record()
+  local added = {}
+  for _, l in ipairs(limits) do
+    if cost_of(l, tokens) > 0 then
+      if redis.call('ZADD', l.log, 'NX', now_arg, id) == 0 then
+        for _, a in ipairs(added) do
+          redis.call('ZREM', a.log, id)
+        end
+        return false
+      end
+      added[#added + 1] = l
+    end
+  end
+  for _, l in ipairs(added) do
+    if l.kind == 't' then
+      -- The sum was read (after any prune) by the verdict: one write sets both.
+      redis.call('HSET', l.amounts, id, ARGV[3], 'sum', int(l.held + tokens))
+    end
+    expire(l, false)
+  end
+  return true
 end
 
 if op == 'reserve' then
-  for _, l in ipairs(limits) do
-    if redis.call('ZSCORE', l.log, id) then
-      return {1, now}
-    end
-  end
   local worst, binding = 0, 0
   for i, l in ipairs(limits) do
     local v = verdict(l, cost_of(l, tokens))
@@ -190,18 +276,38 @@ if op == 'reserve' then
     end
   end
   if worst ~= 0 then
+    -- Sent again after it was allowed: its own entry counts against it.
+    if recorded() then
+      return {1, now}
+    end
     return {0, worst, binding, now}
   end
-  for _, l in ipairs(limits) do
-    add(l, id, cost_of(l, tokens))
+  if not record() then
+    -- A log holds the id: sent again, unless the entry had only expired (unpruned), when it is
+    -- recorded anew (pruning only lowers what a log holds, so it still fits).
+    if recorded() then
+      return {1, now}
+    end
+    for _, l in ipairs(limits) do
+      l.held = held(l)
+    end
+    record()
   end
   return {1, now}
 elseif op == 'settle' then
   for _, l in ipairs(limits) do
     if l.kind == 't' then
+      if not fresh(l) then
+        prune(l)
+      end
       keep_only(l, id, tokens)
-      if redis.call('HEXISTS', l.amounts, id .. '+debt') == 0 then
-        add(l, id .. '+debt', debt)
+      local member = id .. '+debt'
+      if debt > 0 and redis.call('HEXISTS', l.amounts, member) == 0 then
+        redis.call('ZADD', l.log, now_arg, member)
+        redis.call('HINCRBY', l.amounts, member, ARGV[4])
+        redis.call('HINCRBY', l.amounts, 'sum', ARGV[4])
+        -- keep_only may have emptied (so deleted) the log, and ZADD made it anew.
+        expire(l, true)
       end
     end
   end
