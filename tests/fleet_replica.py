@@ -247,7 +247,18 @@ class ReplicaProcess:
 async def main(config: dict[str, Any]) -> None:
     """Connects, says ready, then serves commands until ``exit`` or end of input."""
     replica = ReplicaProcess(config)
-    await replica.limit.connect()
+    # As a service starting beside a slow Redis would: retry the first connection for up to
+    # 10 s (with durability="replicated" it fails while no replica confirms a write in time,
+    # which a loaded host's just-settled replica sometimes does not).
+    give_up = time.monotonic() + 10.0
+    while True:
+        try:
+            await replica.limit.connect()
+            break
+        except ConnectionError:
+            if time.monotonic() > give_up:
+                raise
+            await asyncio.sleep(0.2)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

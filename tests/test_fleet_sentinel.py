@@ -11,8 +11,8 @@ Run once per durability, on one deployment started once for the module:
   figure is printed.
 
 Both: turns are refused with ``fleet_unavailable`` (``on_backend_error="reject"``) only
-within the failover (until the sentinels name the new primary, plus 1 s; with
-``replicated``, until a replica is back to confirm, plus 1 s), clients that retry are all
+within the failover (until the sentinels name the new primary, plus 1.5 s; with
+``replicated``, until a replica is back to confirm, plus 1.5 s), clients that retry are all
 served, every refusal is ``fleet_unavailable``, two turns running across the failover keep
 their leases, and a burst one lease TTL after the kill reaches the full cap (no stuck lease).
 """
@@ -116,11 +116,14 @@ def chaos(sentinels: SentinelSet, durability: str) -> None:
         assert len(intervals) == BURST
         assert reasons <= {"fleet_unavailable"}, done
 
-        # The refusal window: within the failover (and the replica's return), plus 1 s.
+        # The refusal window: within the failover (and the replica's return), plus 1.5 s: one
+        # recovery probe (250 ms), its round trips and calls cut off at the 0.5 s command
+        # timeout, and a loaded host's scheduling (a full run beside release builds measured
+        # 1.03 s past the sentinels' naming).
         firsts = [d["first"] for d in done if d["first"] is not None]
         lasts = [d["last"] for d in done if d["last"] is not None]
         window = max(lasts) - min(firsts) if firsts else 0.0
-        bound = (replica_back_at - killed_at) + 1.0
+        bound = (replica_back_at - killed_at) + 1.5
         stats = [replica.ask({"cmd": "stats"}, "stats")["stats"] for replica in replicas]
         lost = sum(s["fleet_lease_lost"] for s in stats)
         peak = union_peak(intervals) + HELD  # the held turns ran throughout
