@@ -134,10 +134,14 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def reserves(sha: bytes, limits: list[tuple[str, int]], calls: int, start: int) -> list[bytes]:
+def reserves(
+    sha: bytes, limits: list[tuple[str, int]], calls: int, start: int, identities: int
+) -> list[bytes]:
     out = []
     for n in range(start, start + calls):
-        who = hashlib.sha1(f"identity-{n % 2000}".encode()).hexdigest()[:32]
+        # identities 0: a new identity every call (its keys made, never read again).
+        who = hashlib.sha1(f"identity-{n % identities if identities else n}".encode())
+        who = who.hexdigest()[:32]
         tag = f"{{cost:{who}}}"
         keys = [k for i in range(len(limits)) for k in (f"{tag}:{i}", f"{tag}:{i}:t")]
         args: list[str | int] = ["reserve", f"replica#0000000000000000#{n}", 100, 0, len(limits)]
@@ -155,7 +159,9 @@ def commandstats(server: Server) -> tuple[int, float]:
     return int(m.group(1)), float(m.group(2))
 
 
-def measure(script: Path, calls: int, callgrind: bool) -> None:
+def measure(
+    script: Path, calls: int, callgrind: bool, identities: int, keep: Path | None
+) -> None:
     source = script.read_bytes()
     for shape, limits in SHAPES.items():
         server = Server(callgrind)
@@ -164,7 +170,7 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
             assert isinstance(sha, bytes)
             # Warm: every identity's keys exist, as in a steady state.
             for i in range(0, 2000, 500):
-                server.pipelined(reserves(sha, limits, 500, i), check=True)
+                server.pipelined(reserves(sha, limits, 500, i, identities), check=True)
             server.call("CONFIG", "RESETSTAT")
             if callgrind:
                 subprocess.run(
@@ -175,10 +181,10 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
             done = 2000
             while done < 2000 + calls:
                 batch = min(500, 2000 + calls - done)
-                server.pipelined(reserves(sha, limits, batch, done), check=True)
+                server.pipelined(reserves(sha, limits, batch, done, identities), check=True)
                 done += batch
             n, usec = commandstats(server)
-            line = f"{script.name} {shape}: {n} calls, evalsha usec_per_call {usec:.2f}"
+            line = f"{script.name} {shape}, identities {identities or 'new'}: {n} calls, evalsha usec_per_call {usec:.2f}"
             line += f" ({1e6 / usec:,.0f}/s on one server thread)"
             if callgrind:
                 subprocess.run(
@@ -188,6 +194,9 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
                 )
                 total = 0
                 for path in Path(server.dir).glob("callgrind.out.*"):
+                    if keep is not None:
+                        keep.mkdir(parents=True, exist_ok=True)
+                        shutil.copy(path, keep / f"{script.stem}.{shape}.{path.name}")
                     for row in path.read_text().splitlines():
                         if row.startswith("summary:") or row.startswith("totals:"):
                             total += int(row.split()[1])
@@ -203,10 +212,19 @@ def main() -> None:
     parser.add_argument("--script", type=Path, action="append", help="budget.lua to measure")
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument(
+        "--identities",
+        type=int,
+        default=2000,
+        help="identities taken in turn (5: hot logs, fresh cells; 0: a new identity each call)",
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="copy the callgrind profiles here (for callgrind_annotate)"
+    )
     args = parser.parse_args()
     print(f"host load (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for script in args.script or [SCRIPT]:
-        measure(script, args.calls, args.callgrind)
+        measure(script, args.calls, args.callgrind, args.identities, args.keep)
 
 
 if __name__ == "__main__":

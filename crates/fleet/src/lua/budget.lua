@@ -36,8 +36,9 @@
 --
 -- Replies: reserve {1, now_us} allowed, or {0, retry_at_us (-1: never), limit index (0-based),
 -- now_us}; settle and cancel {now_us}.
+local call = redis.call
 local op, id = ARGV[1], ARGV[2]
-local tokens, debt, nlimits = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local nlimits = tonumber(ARGV[5])
 local KEY_MARGIN_MS = 1000
 -- A cell of time (us): see "Cost" above.
 local CELL = 500000
@@ -51,30 +52,125 @@ local function int(n)
   return string.format('%d', n)
 end
 
-local clock = redis.call('TIME')
+local clock = call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local now_arg = clock[1] .. string.rep('0', 6 - #clock[2]) .. clock[2]
+local usec = clock[2]
+if #usec < 6 then
+  usec = string.rep('0', 6 - #usec) .. usec
+end
+local now_arg = clock[1] .. usec
 
+-- Per limit i, by index (no table per limit on the common path): the newest entry's time
+-- (false: an empty log). KEYS[2i-1] is the log, KEYS[2i] the amounts, ARGV[3i+3] the kind,
+-- ARGV[3i+4] the amount, ARGV[3i+5] the window.
+local newest = {}
+for i = 1, nlimits do
+  local score = call('ZRANGE', KEYS[2 * i - 1], '-1', '-1', 'WITHSCORES')[2]
+  if score then
+    score = tonumber(score)
+    if score > now then
+      now, now_arg = score, int(score)
+    end
+    newest[i] = score
+  else
+    newest[i] = false
+  end
+end
+local cell_start = now - now % CELL
+local cell = cell_start / CELL
+
+-- The common reserve, every log recorded in this cell already (so pruned, and given its expiry
+-- in it) or empty, and the reservation fitting every limit: read the count or the sum, record.
+-- Anything else (a log to prune, a refusal, an id recorded already) goes on to the general
+-- path below, which is handed what was read here (`held`), so it reads nothing twice.
+local held = {}
+if op == 'reserve' then
+  -- Read only where a token limit needs it (each conversion costs a strtod).
+  local tokens
+  local fast = true
+  for i = 1, nlimits do
+    local n = newest[i]
+    if n and n < cell_start then
+      fast = false
+      break
+    end
+    local b = 3 * i + 3
+    local have, cost = 0, 1
+    if ARGV[b] == 'r' then
+      if n then
+        have = call('ZCARD', KEYS[2 * i - 1])
+      end
+    else
+      tokens = tokens or tonumber(ARGV[3])
+      cost = tokens
+      if n then
+        have = tonumber(call('HGET', KEYS[2 * i], 'sum') or '0')
+      end
+    end
+    held[i] = have
+    if have + cost > tonumber(ARGV[b + 1]) then
+      fast = false
+      break
+    end
+  end
+  if fast then
+    local added = 0
+    for i = 1, nlimits do
+      if ARGV[3 * i + 3] == 'r' or tokens > 0 then
+        if call('ZADD', KEYS[2 * i - 1], 'NX', now_arg, id) == 0 then
+          -- Recorded already: undone here, and the general path tells a resend.
+          for j = 1, added do
+            if ARGV[3 * j + 3] == 'r' or tokens > 0 then
+              call('ZREM', KEYS[2 * j - 1], id)
+            end
+          end
+          fast = false
+          break
+        end
+        added = i
+      end
+    end
+    if fast then
+      for i = 1, nlimits do
+        local kind = ARGV[3 * i + 3]
+        if kind == 'r' or tokens > 0 then
+          if kind == 't' then
+            -- The sum was read above: one write sets both.
+            call('HSET', KEYS[2 * i], id, ARGV[3], 'sum', int(held[i] + tokens))
+          end
+          if not newest[i] then
+            -- A log made anew: its keys' expiry, as expire() below.
+            local at = int(
+              math.ceil((cell_start + CELL + tonumber(ARGV[3 * i + 5])) / 1000) + KEY_MARGIN_MS
+            )
+            call('PEXPIREAT', KEYS[2 * i - 1], at)
+            if kind == 't' then
+              call('PEXPIREAT', KEYS[2 * i], at)
+            end
+          end
+        end
+      end
+      return {1, now}
+    end
+  end
+end
+
+-- The general path: a table per limit.
+local tokens, debt = tonumber(ARGV[3]), tonumber(ARGV[4])
 local limits = {}
 for i = 1, nlimits do
   local base = 5 + (i - 1) * 3
-  local l = {
+  limits[i] = {
     kind = ARGV[base + 1],
     amount = tonumber(ARGV[base + 2]),
     window = tonumber(ARGV[base + 3]),
     log = KEYS[2 * i - 1],
     amounts = KEYS[2 * i],
+    newest = newest[i] or nil,
+    -- What the log holds, read above unpruned (fresh or empty logs only).
+    known = held[i],
   }
-  limits[i] = l
-  local newest = redis.call('ZRANGE', l.log, '-1', '-1', 'WITHSCORES')
-  if newest[2] then
-    l.newest = tonumber(newest[2])
-    if l.newest > now then
-      now, now_arg = l.newest, int(l.newest)
-    end
-  end
 end
-local cell = math.floor(now / CELL)
 
 -- Recorded in this cell already: pruned and given its expiry in it (the cell's first record did
 -- both; an emptied log has no newest entry).
@@ -94,32 +190,32 @@ local function prune(l)
   if l.newest <= edge then
     -- Everything left the window (an identity back after a pause): both keys go in one call.
     if l.kind == 'r' then
-      redis.call('DEL', l.log)
+      call('DEL', l.log)
     else
-      redis.call('DEL', l.log, l.amounts)
+      call('DEL', l.log, l.amounts)
     end
     l.newest = nil
     return
   end
   -- The newest entry stays, so the keys (and their expiry) stay.
   if l.kind == 'r' then
-    redis.call('ZREMRANGEBYSCORE', l.log, '-inf', int(edge))
+    call('ZREMRANGEBYSCORE', l.log, '-inf', int(edge))
     return
   end
   -- In chunks: Lua's unpack takes a few thousand values at most.
   while true do
-    local gone = redis.call('ZRANGEBYSCORE', l.log, '-inf', int(edge), 'LIMIT', '0', PRUNE_CHUNK)
+    local gone = call('ZRANGEBYSCORE', l.log, '-inf', int(edge), 'LIMIT', '0', PRUNE_CHUNK)
     if #gone == 0 then
       return
     end
-    local amounts = redis.call('HMGET', l.amounts, unpack(gone))
+    local amounts = call('HMGET', l.amounts, unpack(gone))
     local freed = 0
     for _, a in ipairs(amounts) do
       freed = freed + (tonumber(a) or 0)
     end
-    redis.call('HDEL', l.amounts, unpack(gone))
-    redis.call('ZREM', l.log, unpack(gone))
-    redis.call('HINCRBY', l.amounts, 'sum', int(-freed))
+    call('HDEL', l.amounts, unpack(gone))
+    call('ZREM', l.log, unpack(gone))
+    call('HINCRBY', l.amounts, 'sum', int(-freed))
     if #gone < tonumber(PRUNE_CHUNK) then
       return
     end
@@ -132,9 +228,9 @@ local function held(l)
     return 0
   end
   if l.kind == 'r' then
-    return redis.call('ZCARD', l.log)
+    return call('ZCARD', l.log)
   end
-  return tonumber(redis.call('HGET', l.amounts, 'sum') or '0')
+  return tonumber(call('HGET', l.amounts, 'sum') or '0')
 end
 
 -- The keys live until the end of this cell plus a window and the margin (by `now`, which is
@@ -144,9 +240,9 @@ local function expire(l, always)
     return
   end
   local at = int(math.ceil(((cell + 1) * CELL + l.window) / 1000) + KEY_MARGIN_MS)
-  redis.call('PEXPIREAT', l.log, at)
+  call('PEXPIREAT', l.log, at)
   if l.kind == 't' then
-    redis.call('PEXPIREAT', l.amounts, at)
+    call('PEXPIREAT', l.amounts, at)
   end
 end
 
@@ -159,7 +255,10 @@ local function verdict(l, cost)
   if not fresh(l) then
     prune(l)
   end
-  local have = held(l)
+  local have = l.known
+  if have == nil or l.pruned then
+    have = held(l)
+  end
   if have + cost > l.amount and not l.pruned then
     prune(l)
     have = held(l)
@@ -171,13 +270,13 @@ local function verdict(l, cost)
   if l.kind == 'r' then
     -- The (count - amount + cost)-th oldest must leave: index count - amount + cost - 1.
     local index = int(have - l.amount + cost - 1)
-    local entry = redis.call('ZRANGE', l.log, index, index, 'WITHSCORES')
+    local entry = call('ZRANGE', l.log, index, index, 'WITHSCORES')
     return tonumber(entry[2]) + l.window
   end
   local left, room = have, l.amount - cost
   local start = 0
   while true do
-    local chunk = redis.call('ZRANGE', l.log, int(start), int(start + WALK - 1), 'WITHSCORES')
+    local chunk = call('ZRANGE', l.log, int(start), int(start + WALK - 1), 'WITHSCORES')
     if #chunk == 0 then
       return -1
     end
@@ -185,7 +284,7 @@ local function verdict(l, cost)
     for j = 1, #chunk, 2 do
       ids[#ids + 1] = chunk[j]
     end
-    local amounts = redis.call('HMGET', l.amounts, unpack(ids))
+    local amounts = call('HMGET', l.amounts, unpack(ids))
     for j, a in ipairs(amounts) do
       left = left - (tonumber(a) or 0)
       if left <= room then
@@ -200,21 +299,21 @@ end
 local function keep_only(l, member, keep)
   if l.kind == 'r' then
     if keep <= 0 then
-      redis.call('ZREM', l.log, member)
+      call('ZREM', l.log, member)
     end
     return
   end
-  local held_by = tonumber(redis.call('HGET', l.amounts, member) or '0')
+  local held_by = tonumber(call('HGET', l.amounts, member) or '0')
   if held_by <= keep then
     return
   end
   if keep <= 0 then
-    redis.call('HDEL', l.amounts, member)
-    redis.call('ZREM', l.log, member)
+    call('HDEL', l.amounts, member)
+    call('ZREM', l.log, member)
   else
-    redis.call('HSET', l.amounts, member, int(keep))
+    call('HSET', l.amounts, member, int(keep))
   end
-  redis.call('HINCRBY', l.amounts, 'sum', int(keep - held_by))
+  call('HINCRBY', l.amounts, 'sum', int(keep - held_by))
 end
 
 local function cost_of(l, n)
@@ -230,7 +329,7 @@ local function recorded()
     prune(l)
   end
   for _, l in ipairs(limits) do
-    if redis.call('ZSCORE', l.log, id) then
+    if call('ZSCORE', l.log, id) then
       return true
     end
   end
@@ -243,9 +342,9 @@ local function record()
   local added = {}
   for _, l in ipairs(limits) do
     if cost_of(l, tokens) > 0 then
-      if redis.call('ZADD', l.log, 'NX', now_arg, id) == 0 then
+      if call('ZADD', l.log, 'NX', now_arg, id) == 0 then
         for _, a in ipairs(added) do
-          redis.call('ZREM', a.log, id)
+          call('ZREM', a.log, id)
         end
         return false
       end
@@ -255,7 +354,7 @@ local function record()
   for _, l in ipairs(added) do
     if l.kind == 't' then
       -- The sum was read (after any prune) by the verdict: one write sets both.
-      redis.call('HSET', l.amounts, id, ARGV[3], 'sum', int(l.held + tokens))
+      call('HSET', l.amounts, id, ARGV[3], 'sum', int(l.held + tokens))
     end
     expire(l, false)
   end
@@ -302,10 +401,10 @@ elseif op == 'settle' then
       end
       keep_only(l, id, tokens)
       local member = id .. '+debt'
-      if debt > 0 and redis.call('HEXISTS', l.amounts, member) == 0 then
-        redis.call('ZADD', l.log, now_arg, member)
-        redis.call('HINCRBY', l.amounts, member, ARGV[4])
-        redis.call('HINCRBY', l.amounts, 'sum', ARGV[4])
+      if debt > 0 and call('HEXISTS', l.amounts, member) == 0 then
+        call('ZADD', l.log, now_arg, member)
+        call('HINCRBY', l.amounts, member, ARGV[4])
+        call('HINCRBY', l.amounts, 'sum', ARGV[4])
         -- keep_only may have emptied (so deleted) the log, and ZADD made it anew.
         expire(l, true)
       end
