@@ -4,7 +4,8 @@ What one budget decision (``crates/fleet/src/lua/budget.lua``) costs the redis-s
 without the client in the way: its own redis-server on a free loopback port, the script loaded
 once, then ``--calls`` reserves sent pipelined (so the server is never idle waiting for the
 client) exactly as ``FleetBudget`` sends them (the same keys, hash tags and arguments; 2,000
-identities in turn, a new reservation id each, a limit no identity reaches). Reports, per
+identities in turn, or ``--identities N``: 5 keeps every log hot, its cell fresh, and 0 takes a
+new identity each call; a new reservation id each, a limit no identity reaches). Reports, per
 shape (two limits, requests and tokens, as ``fleet_decision_cost`` asks; one request limit, as
 a ``RateLimit(requests=...)`` asks):
 
@@ -14,7 +15,8 @@ a ``RateLimit(requests=...)`` asks):
   instructions it executed per decision are counted (independent of the host's load).
 
 ``--script PATH`` measures another version of the script (a before and after in one run:
-``git show REV:crates/fleet/src/lua/budget.lua > /tmp/old.lua``).
+``git show REV:crates/fleet/src/lua/budget.lua > /tmp/old.lua``); ``--keep DIR`` keeps the
+callgrind profiles for ``callgrind_annotate --inclusive=yes``.
 """
 
 from __future__ import annotations
@@ -140,8 +142,8 @@ def reserves(
     out = []
     for n in range(start, start + calls):
         # identities 0: a new identity every call (its keys made, never read again).
-        who = hashlib.sha1(f"identity-{n % identities if identities else n}".encode())
-        who = who.hexdigest()[:32]
+        which = n % identities if identities else n
+        who = hashlib.sha1(f"identity-{which}".encode()).hexdigest()[:32]
         tag = f"{{cost:{who}}}"
         keys = [k for i in range(len(limits)) for k in (f"{tag}:{i}", f"{tag}:{i}:t")]
         args: list[str | int] = ["reserve", f"replica#0000000000000000#{n}", 100, 0, len(limits)]
@@ -159,9 +161,7 @@ def commandstats(server: Server) -> tuple[int, float]:
     return int(m.group(1)), float(m.group(2))
 
 
-def measure(
-    script: Path, calls: int, callgrind: bool, identities: int, keep: Path | None
-) -> None:
+def measure(script: Path, calls: int, callgrind: bool, identities: int, keep: Path | None) -> None:
     source = script.read_bytes()
     for shape, limits in SHAPES.items():
         server = Server(callgrind)

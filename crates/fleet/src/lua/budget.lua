@@ -38,7 +38,8 @@
 -- now_us}; settle and cancel {now_us}.
 local call = redis.call
 local op, id = ARGV[1], ARGV[2]
-local nlimits = tonumber(ARGV[5])
+-- `x + 0` converts a numeric string once; `tonumber(x)` runs strtod twice (it checks first).
+local nlimits = ARGV[5] + 0
 local KEY_MARGIN_MS = 1000
 -- A cell of time (us): see "Cost" above.
 local CELL = 500000
@@ -53,7 +54,7 @@ local function int(n)
 end
 
 local clock = call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local now = clock[1] * 1000000 + clock[2]
 local usec = clock[2]
 if #usec < 6 then
   usec = string.rep('0', 6 - #usec) .. usec
@@ -63,11 +64,12 @@ local now_arg = clock[1] .. usec
 -- Per limit i, by index (no table per limit on the common path): the newest entry's time
 -- (false: an empty log). KEYS[2i-1] is the log, KEYS[2i] the amounts, ARGV[3i+3] the kind,
 -- ARGV[3i+4] the amount, ARGV[3i+5] the window.
-local newest = {}
+-- (Made with four slots: a table grown one slot at a time reallocates each time.)
+local newest = {false, false, false, false}
 for i = 1, nlimits do
   local score = call('ZRANGE', KEYS[2 * i - 1], '-1', '-1', 'WITHSCORES')[2]
   if score then
-    score = tonumber(score)
+    score = score + 0
     if score > now then
       now, now_arg = score, int(score)
     end
@@ -83,7 +85,7 @@ local cell = cell_start / CELL
 -- in it) or empty, and the reservation fitting every limit: read the count or the sum, record.
 -- Anything else (a log to prune, a refusal, an id recorded already) goes on to the general
 -- path below, which is handed what was read here (`held`), so it reads nothing twice.
-local held = {}
+local held = {false, false, false, false}
 if op == 'reserve' then
   -- Read only where a token limit needs it (each conversion costs a strtod).
   local tokens
@@ -101,14 +103,14 @@ if op == 'reserve' then
         have = call('ZCARD', KEYS[2 * i - 1])
       end
     else
-      tokens = tokens or tonumber(ARGV[3])
+      tokens = tokens or ARGV[3] + 0
       cost = tokens
       if n then
-        have = tonumber(call('HGET', KEYS[2 * i], 'sum') or '0')
+        have = (call('HGET', KEYS[2 * i], 'sum') or 0) + 0
       end
     end
     held[i] = have
-    if have + cost > tonumber(ARGV[b + 1]) then
+    if have + cost > ARGV[b + 1] + 0 then
       fast = false
       break
     end
@@ -141,7 +143,7 @@ if op == 'reserve' then
           if not newest[i] then
             -- A log made anew: its keys' expiry, as expire() below.
             local at = int(
-              math.ceil((cell_start + CELL + tonumber(ARGV[3 * i + 5])) / 1000) + KEY_MARGIN_MS
+              math.ceil((cell_start + CELL + ARGV[3 * i + 5]) / 1000) + KEY_MARGIN_MS
             )
             call('PEXPIREAT', KEYS[2 * i - 1], at)
             if kind == 't' then
@@ -156,19 +158,19 @@ if op == 'reserve' then
 end
 
 -- The general path: a table per limit.
-local tokens, debt = tonumber(ARGV[3]), tonumber(ARGV[4])
+local tokens, debt = ARGV[3] + 0, ARGV[4] + 0
 local limits = {}
 for i = 1, nlimits do
   local base = 5 + (i - 1) * 3
   limits[i] = {
     kind = ARGV[base + 1],
-    amount = tonumber(ARGV[base + 2]),
-    window = tonumber(ARGV[base + 3]),
+    amount = ARGV[base + 2] + 0,
+    window = ARGV[base + 3] + 0,
     log = KEYS[2 * i - 1],
     amounts = KEYS[2 * i],
     newest = newest[i] or nil,
     -- What the log holds, read above unpruned (fresh or empty logs only).
-    known = held[i],
+    known = held[i] or nil,
   }
 end
 
@@ -230,7 +232,7 @@ local function held(l)
   if l.kind == 'r' then
     return call('ZCARD', l.log)
   end
-  return tonumber(call('HGET', l.amounts, 'sum') or '0')
+  return (call('HGET', l.amounts, 'sum') or 0) + 0
 end
 
 -- The keys live until the end of this cell plus a window and the margin (by `now`, which is
@@ -271,7 +273,7 @@ local function verdict(l, cost)
     -- The (count - amount + cost)-th oldest must leave: index count - amount + cost - 1.
     local index = int(have - l.amount + cost - 1)
     local entry = call('ZRANGE', l.log, index, index, 'WITHSCORES')
-    return tonumber(entry[2]) + l.window
+    return entry[2] + l.window
   end
   local left, room = have, l.amount - cost
   local start = 0
@@ -288,7 +290,7 @@ local function verdict(l, cost)
     for j, a in ipairs(amounts) do
       left = left - (tonumber(a) or 0)
       if left <= room then
-        return tonumber(chunk[2 * j]) + l.window
+        return chunk[2 * j] + l.window
       end
     end
     start = start + WALK
@@ -303,7 +305,7 @@ local function keep_only(l, member, keep)
     end
     return
   end
-  local held_by = tonumber(call('HGET', l.amounts, member) or '0')
+  local held_by = (call('HGET', l.amounts, member) or 0) + 0
   if held_by <= keep then
     return
   end
