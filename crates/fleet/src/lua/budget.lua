@@ -32,7 +32,10 @@
 -- entries are otherwise pruned (each once, so amortised O(1) per entry) at the first decision of
 -- a cell, and always before a refusal: counting an expired entry can only refuse, so a decision
 -- that fits with them fits without them, and one that does not is decided again on the pruned
--- log. A log holds at most a window plus a cell of entries.
+-- log. A log holds at most a window plus a cell of entries. Lua's own work counts as much as a
+-- call: the common reserve (below) indexes KEYS and ARGV directly, with no table per limit and
+-- no helper closures (the general path after it has both), and converts each numeric string
+-- once, by "x + 0".
 --
 -- Replies: reserve {1, now_us} allowed, or {0, retry_at_us (-1: never), limit index (0-based),
 -- now_us}; settle and cancel {now_us}.
@@ -45,8 +48,6 @@ local KEY_MARGIN_MS = 1000
 local CELL = 500000
 -- A refusal reads the oldest entries in chunks of this many.
 local WALK = 64
--- Expired token entries leave in chunks of this many (unpack's limit is a few thousand).
-local PRUNE_CHUNK = '1000'
 
 -- An integer as an argument: tostring keeps 14 digits (a time has 16), "%d" is exact.
 local function int(n)
@@ -81,36 +82,90 @@ end
 local cell_start = now - now % CELL
 local cell = cell_start / CELL
 
--- The common reserve, every log recorded in this cell already (so pruned, and given its expiry
--- in it) or empty, and the reservation fitting every limit: read the count or the sum, record.
--- Anything else (a log to prune, a refusal, an id recorded already) goes on to the general
--- path below, which is handed what was read here (`held`), so it reads nothing twice.
+-- Removes limit i's entries that left its window (at or before t - window), or both its keys
+-- when all did; returns the log's newest time n, or false when it went. (No upvalues: a closure
+-- that captures locals costs an allocation per captured local on every call.)
+local function prune_log(i, n, t)
+  if not n then
+    return n
+  end
+  local log, amounts = KEYS[2 * i - 1], KEYS[2 * i]
+  local edge = t - ARGV[3 * i + 5]
+  if n <= edge then
+    -- Everything left the window (an identity back after a pause): both keys go in one call.
+    if ARGV[3 * i + 3] == 'r' then
+      redis.call('DEL', log)
+    else
+      redis.call('DEL', log, amounts)
+    end
+    return false
+  end
+  -- The newest entry stays, so the keys (and their expiry) stay.
+  local edge_arg = string.format('%d', edge)
+  if ARGV[3 * i + 3] == 'r' then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', edge_arg)
+    return n
+  end
+  -- In chunks of 1000: Lua's unpack takes a few thousand values at most.
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', log, '-inf', edge_arg, 'LIMIT', '0', '1000')
+    if #gone == 0 then
+      return n
+    end
+    local held_by = redis.call('HMGET', amounts, unpack(gone))
+    local freed = 0
+    for _, a in ipairs(held_by) do
+      freed = freed + (tonumber(a) or 0)
+    end
+    redis.call('HDEL', amounts, unpack(gone))
+    redis.call('ZREM', log, unpack(gone))
+    redis.call('HINCRBY', amounts, 'sum', string.format('%d', -freed))
+    if #gone < 1000 then
+      return n
+    end
+  end
+end
+
+-- The common reserve: per limit, a log not recorded in this cell yet is pruned (a log recorded
+-- in it was pruned and given its expiry by the cell's first record), then the count or the sum
+-- is read; every limit fitting, the reservation is recorded. Anything else (a refusal, an id
+-- recorded already) goes on to the general path below, which is handed what was read and
+-- pruned here (`held`, `pruned`), so it does nothing twice.
 local held = {false, false, false, false}
+local pruned = false
 if op == 'reserve' then
   -- Read only where a token limit needs it (each conversion costs a strtod).
   local tokens
   local fast = true
   for i = 1, nlimits do
-    local n = newest[i]
-    if n and n < cell_start then
+    local b = 3 * i + 3
+    local amount, cost = ARGV[b + 1] + 0, 1
+    if ARGV[b] ~= 'r' then
+      tokens = tokens or ARGV[3] + 0
+      cost = tokens
+    end
+    if cost > amount then
+      -- Never fits: the general path answers (as it would, without pruning first).
       fast = false
       break
     end
-    local b = 3 * i + 3
-    local have, cost = 0, 1
-    if ARGV[b] == 'r' then
-      if n then
+    local n = newest[i]
+    if n and n < cell_start then
+      pruned = pruned or {}
+      pruned[i] = true
+      n = prune_log(i, n, now)
+      newest[i] = n
+    end
+    local have = 0
+    if n then
+      if ARGV[b] == 'r' then
         have = call('ZCARD', KEYS[2 * i - 1])
-      end
-    else
-      tokens = tokens or ARGV[3] + 0
-      cost = tokens
-      if n then
+      else
         have = (call('HGET', KEYS[2 * i], 'sum') or 0) + 0
       end
     end
     held[i] = have
-    if have + cost > ARGV[b + 1] + 0 then
+    if have + cost > amount then
       fast = false
       break
     end
@@ -140,8 +195,8 @@ if op == 'reserve' then
             -- The sum was read above: one write sets both.
             call('HSET', KEYS[2 * i], id, ARGV[3], 'sum', int(held[i] + tokens))
           end
-          if not newest[i] then
-            -- A log made anew: its keys' expiry, as expire() below.
+          if not newest[i] or newest[i] < cell_start then
+            -- A log's first record in this cell: its keys' expiry, as expire() below.
             local at = int(
               math.ceil((cell_start + CELL + ARGV[3 * i + 5]) / 1000) + KEY_MARGIN_MS
             )
@@ -168,8 +223,10 @@ for i = 1, nlimits do
     window = ARGV[base + 3] + 0,
     log = KEYS[2 * i - 1],
     amounts = KEYS[2 * i],
+    index = i,
     newest = newest[i] or nil,
-    -- What the log holds, read above unpruned (fresh or empty logs only).
+    pruned = pruned and pruned[i] or nil,
+    -- What the log holds, read above (after any prune there).
     known = held[i] or nil,
   }
 end
@@ -185,43 +242,9 @@ local function prune(l)
     return
   end
   l.pruned = true
-  if l.newest == nil then
-    return
-  end
-  local edge = now - l.window
-  if l.newest <= edge then
-    -- Everything left the window (an identity back after a pause): both keys go in one call.
-    if l.kind == 'r' then
-      call('DEL', l.log)
-    else
-      call('DEL', l.log, l.amounts)
-    end
-    l.newest = nil
-    return
-  end
-  -- The newest entry stays, so the keys (and their expiry) stay.
-  if l.kind == 'r' then
-    call('ZREMRANGEBYSCORE', l.log, '-inf', int(edge))
-    return
-  end
-  -- In chunks: Lua's unpack takes a few thousand values at most.
-  while true do
-    local gone = call('ZRANGEBYSCORE', l.log, '-inf', int(edge), 'LIMIT', '0', PRUNE_CHUNK)
-    if #gone == 0 then
-      return
-    end
-    local amounts = call('HMGET', l.amounts, unpack(gone))
-    local freed = 0
-    for _, a in ipairs(amounts) do
-      freed = freed + (tonumber(a) or 0)
-    end
-    call('HDEL', l.amounts, unpack(gone))
-    call('ZREM', l.log, unpack(gone))
-    call('HINCRBY', l.amounts, 'sum', int(-freed))
-    if #gone < tonumber(PRUNE_CHUNK) then
-      return
-    end
-  end
+  l.known = nil
+  l.newest = prune_log(l.index, l.newest or false, now) or nil
+  newest[l.index] = l.newest or false
 end
 
 -- What the log holds: requests counted, tokens summed (expired entries too unless pruned).
@@ -258,7 +281,7 @@ local function verdict(l, cost)
     prune(l)
   end
   local have = l.known
-  if have == nil or l.pruned then
+  if have == nil then
     have = held(l)
   end
   if have + cost > l.amount and not l.pruned then
