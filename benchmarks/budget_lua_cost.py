@@ -4,7 +4,8 @@ What one budget decision (``crates/fleet/src/lua/budget.lua``) costs the redis-s
 without the client in the way: its own redis-server on a free loopback port, the script loaded
 once, then ``--calls`` reserves sent pipelined (so the server is never idle waiting for the
 client) exactly as ``FleetBudget`` sends them (the same keys, hash tags and arguments; 2,000
-identities in turn, a new reservation id each, a limit no identity reaches). Reports, per
+identities in turn, or ``--identities N``: 5 keeps every log hot, its cell fresh, and 0 takes a
+new identity each call; a new reservation id each, a limit no identity reaches). Reports, per
 shape (two limits, requests and tokens, as ``fleet_decision_cost`` asks; one request limit, as
 a ``RateLimit(requests=...)`` asks):
 
@@ -14,7 +15,8 @@ a ``RateLimit(requests=...)`` asks):
   instructions it executed per decision are counted (independent of the host's load).
 
 ``--script PATH`` measures another version of the script (a before and after in one run:
-``git show REV:crates/fleet/src/lua/budget.lua > /tmp/old.lua``).
+``git show REV:crates/fleet/src/lua/budget.lua > /tmp/old.lua``); ``--keep DIR`` keeps the
+callgrind profiles for ``callgrind_annotate --inclusive=yes``.
 """
 
 from __future__ import annotations
@@ -134,10 +136,14 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def reserves(sha: bytes, limits: list[tuple[str, int]], calls: int, start: int) -> list[bytes]:
+def reserves(
+    sha: bytes, limits: list[tuple[str, int]], calls: int, start: int, identities: int
+) -> list[bytes]:
     out = []
     for n in range(start, start + calls):
-        who = hashlib.sha1(f"identity-{n % 2000}".encode()).hexdigest()[:32]
+        # identities 0: a new identity every call (its keys made, never read again).
+        which = n % identities if identities else n
+        who = hashlib.sha1(f"identity-{which}".encode()).hexdigest()[:32]
         tag = f"{{cost:{who}}}"
         keys = [k for i in range(len(limits)) for k in (f"{tag}:{i}", f"{tag}:{i}:t")]
         args: list[str | int] = ["reserve", f"replica#0000000000000000#{n}", 100, 0, len(limits)]
@@ -155,7 +161,7 @@ def commandstats(server: Server) -> tuple[int, float]:
     return int(m.group(1)), float(m.group(2))
 
 
-def measure(script: Path, calls: int, callgrind: bool) -> None:
+def measure(script: Path, calls: int, callgrind: bool, identities: int, keep: Path | None) -> None:
     source = script.read_bytes()
     for shape, limits in SHAPES.items():
         server = Server(callgrind)
@@ -164,7 +170,7 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
             assert isinstance(sha, bytes)
             # Warm: every identity's keys exist, as in a steady state.
             for i in range(0, 2000, 500):
-                server.pipelined(reserves(sha, limits, 500, i), check=True)
+                server.pipelined(reserves(sha, limits, 500, i, identities), check=True)
             server.call("CONFIG", "RESETSTAT")
             if callgrind:
                 subprocess.run(
@@ -175,10 +181,10 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
             done = 2000
             while done < 2000 + calls:
                 batch = min(500, 2000 + calls - done)
-                server.pipelined(reserves(sha, limits, batch, done), check=True)
+                server.pipelined(reserves(sha, limits, batch, done, identities), check=True)
                 done += batch
             n, usec = commandstats(server)
-            line = f"{script.name} {shape}: {n} calls, evalsha usec_per_call {usec:.2f}"
+            line = f"{script.name} {shape}, identities {identities or 'new'}: {n} calls, evalsha usec_per_call {usec:.2f}"
             line += f" ({1e6 / usec:,.0f}/s on one server thread)"
             if callgrind:
                 subprocess.run(
@@ -188,6 +194,9 @@ def measure(script: Path, calls: int, callgrind: bool) -> None:
                 )
                 total = 0
                 for path in Path(server.dir).glob("callgrind.out.*"):
+                    if keep is not None:
+                        keep.mkdir(parents=True, exist_ok=True)
+                        shutil.copy(path, keep / f"{script.stem}.{shape}.{path.name}")
                     for row in path.read_text().splitlines():
                         if row.startswith("summary:") or row.startswith("totals:"):
                             total += int(row.split()[1])
@@ -203,10 +212,19 @@ def main() -> None:
     parser.add_argument("--script", type=Path, action="append", help="budget.lua to measure")
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument(
+        "--identities",
+        type=int,
+        default=2000,
+        help="identities taken in turn (5: hot logs, fresh cells; 0: a new identity each call)",
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="copy the callgrind profiles here (for callgrind_annotate)"
+    )
     args = parser.parse_args()
     print(f"host load (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for script in args.script or [SCRIPT]:
-        measure(script, args.calls, args.callgrind)
+        measure(script, args.calls, args.callgrind, args.identities, args.keep)
 
 
 if __name__ == "__main__":

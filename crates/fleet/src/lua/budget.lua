@@ -32,49 +32,204 @@
 -- entries are otherwise pruned (each once, so amortised O(1) per entry) at the first decision of
 -- a cell, and always before a refusal: counting an expired entry can only refuse, so a decision
 -- that fits with them fits without them, and one that does not is decided again on the pruned
--- log. A log holds at most a window plus a cell of entries.
+-- log. A log holds at most a window plus a cell of entries. Lua's own work counts as much as a
+-- call: the common reserve (below) indexes KEYS and ARGV directly, with no table per limit and
+-- no helper closures (the general path after it has both), and converts each numeric string
+-- once, by "x + 0".
 --
 -- Replies: reserve {1, now_us} allowed, or {0, retry_at_us (-1: never), limit index (0-based),
 -- now_us}; settle and cancel {now_us}.
+local call = redis.call
 local op, id = ARGV[1], ARGV[2]
-local tokens, debt, nlimits = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+-- `x + 0` converts a numeric string once; `tonumber(x)` runs strtod twice (it checks first).
+local nlimits = ARGV[5] + 0
 local KEY_MARGIN_MS = 1000
 -- A cell of time (us): see "Cost" above.
 local CELL = 500000
 -- A refusal reads the oldest entries in chunks of this many.
 local WALK = 64
--- Expired token entries leave in chunks of this many (unpack's limit is a few thousand).
-local PRUNE_CHUNK = '1000'
 
 -- An integer as an argument: tostring keeps 14 digits (a time has 16), "%d" is exact.
 local function int(n)
   return string.format('%d', n)
 end
 
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local now_arg = clock[1] .. string.rep('0', 6 - #clock[2]) .. clock[2]
+local clock = call('TIME')
+local now = clock[1] * 1000000 + clock[2]
+local usec = clock[2]
+if #usec < 6 then
+  usec = string.rep('0', 6 - #usec) .. usec
+end
+local now_arg = clock[1] .. usec
 
-local limits = {}
+-- Per limit i, by index (no table per limit on the common path): the newest entry's time
+-- (false: an empty log). KEYS[2i-1] is the log, KEYS[2i] the amounts, ARGV[3i+3] the kind,
+-- ARGV[3i+4] the amount, ARGV[3i+5] the window.
+-- (Made with four slots: a table grown one slot at a time reallocates each time.)
+local newest = {false, false, false, false}
 for i = 1, nlimits do
-  local base = 5 + (i - 1) * 3
-  local l = {
-    kind = ARGV[base + 1],
-    amount = tonumber(ARGV[base + 2]),
-    window = tonumber(ARGV[base + 3]),
-    log = KEYS[2 * i - 1],
-    amounts = KEYS[2 * i],
-  }
-  limits[i] = l
-  local newest = redis.call('ZRANGE', l.log, '-1', '-1', 'WITHSCORES')
-  if newest[2] then
-    l.newest = tonumber(newest[2])
-    if l.newest > now then
-      now, now_arg = l.newest, int(l.newest)
+  local score = call('ZRANGE', KEYS[2 * i - 1], '-1', '-1', 'WITHSCORES')[2]
+  if score then
+    score = score + 0
+    if score > now then
+      now, now_arg = score, int(score)
+    end
+    newest[i] = score
+  else
+    newest[i] = false
+  end
+end
+local cell_start = now - now % CELL
+local cell = cell_start / CELL
+
+-- Removes limit i's entries that left its window (at or before t - window), or both its keys
+-- when all did; returns the log's newest time n, or false when it went. (No upvalues: a closure
+-- that captures locals costs an allocation per captured local on every call.)
+local function prune_log(i, n, t)
+  if not n then
+    return n
+  end
+  local log, amounts = KEYS[2 * i - 1], KEYS[2 * i]
+  local edge = t - ARGV[3 * i + 5]
+  if n <= edge then
+    -- Everything left the window (an identity back after a pause): both keys go in one call.
+    if ARGV[3 * i + 3] == 'r' then
+      redis.call('DEL', log)
+    else
+      redis.call('DEL', log, amounts)
+    end
+    return false
+  end
+  -- The newest entry stays, so the keys (and their expiry) stay.
+  local edge_arg = string.format('%d', edge)
+  if ARGV[3 * i + 3] == 'r' then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', edge_arg)
+    return n
+  end
+  -- In chunks of 1000: Lua's unpack takes a few thousand values at most.
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', log, '-inf', edge_arg, 'LIMIT', '0', '1000')
+    if #gone == 0 then
+      return n
+    end
+    local held_by = redis.call('HMGET', amounts, unpack(gone))
+    local freed = 0
+    for _, a in ipairs(held_by) do
+      freed = freed + (tonumber(a) or 0)
+    end
+    redis.call('HDEL', amounts, unpack(gone))
+    redis.call('ZREM', log, unpack(gone))
+    redis.call('HINCRBY', amounts, 'sum', string.format('%d', -freed))
+    if #gone < 1000 then
+      return n
     end
   end
 end
-local cell = math.floor(now / CELL)
+
+-- The common reserve: per limit, a log not recorded in this cell yet is pruned (a log recorded
+-- in it was pruned and given its expiry by the cell's first record), then the count or the sum
+-- is read; every limit fitting, the reservation is recorded. Anything else (a refusal, an id
+-- recorded already) goes on to the general path below, which is handed what was read and
+-- pruned here (`held`, `pruned`), so it does nothing twice.
+local held = {false, false, false, false}
+local pruned = false
+if op == 'reserve' then
+  -- Read only where a token limit needs it (each conversion costs a strtod).
+  local tokens
+  local fast = true
+  for i = 1, nlimits do
+    local b = 3 * i + 3
+    local amount, cost = ARGV[b + 1] + 0, 1
+    if ARGV[b] ~= 'r' then
+      tokens = tokens or ARGV[3] + 0
+      cost = tokens
+    end
+    if cost > amount then
+      -- Never fits: the general path answers (as it would, without pruning first).
+      fast = false
+      break
+    end
+    local n = newest[i]
+    if n and n < cell_start then
+      pruned = pruned or {}
+      pruned[i] = true
+      n = prune_log(i, n, now)
+      newest[i] = n
+    end
+    local have = 0
+    if n then
+      if ARGV[b] == 'r' then
+        have = call('ZCARD', KEYS[2 * i - 1])
+      else
+        have = (call('HGET', KEYS[2 * i], 'sum') or 0) + 0
+      end
+    end
+    held[i] = have
+    if have + cost > amount then
+      fast = false
+      break
+    end
+  end
+  if fast then
+    local added = 0
+    for i = 1, nlimits do
+      if ARGV[3 * i + 3] == 'r' or tokens > 0 then
+        if call('ZADD', KEYS[2 * i - 1], 'NX', now_arg, id) == 0 then
+          -- Recorded already: undone here, and the general path tells a resend.
+          for j = 1, added do
+            if ARGV[3 * j + 3] == 'r' or tokens > 0 then
+              call('ZREM', KEYS[2 * j - 1], id)
+            end
+          end
+          fast = false
+          break
+        end
+        added = i
+      end
+    end
+    if fast then
+      for i = 1, nlimits do
+        local kind = ARGV[3 * i + 3]
+        if kind == 'r' or tokens > 0 then
+          if kind == 't' then
+            -- The sum was read above: one write sets both.
+            call('HSET', KEYS[2 * i], id, ARGV[3], 'sum', int(held[i] + tokens))
+          end
+          if not newest[i] or newest[i] < cell_start then
+            -- A log's first record in this cell: its keys' expiry, as expire() below.
+            local at = int(
+              math.ceil((cell_start + CELL + ARGV[3 * i + 5]) / 1000) + KEY_MARGIN_MS
+            )
+            call('PEXPIREAT', KEYS[2 * i - 1], at)
+            if kind == 't' then
+              call('PEXPIREAT', KEYS[2 * i], at)
+            end
+          end
+        end
+      end
+      return {1, now}
+    end
+  end
+end
+
+-- The general path: a table per limit.
+local tokens, debt = ARGV[3] + 0, ARGV[4] + 0
+local limits = {}
+for i = 1, nlimits do
+  local base = 5 + (i - 1) * 3
+  limits[i] = {
+    kind = ARGV[base + 1],
+    amount = ARGV[base + 2] + 0,
+    window = ARGV[base + 3] + 0,
+    log = KEYS[2 * i - 1],
+    amounts = KEYS[2 * i],
+    index = i,
+    newest = newest[i] or nil,
+    pruned = pruned and pruned[i] or nil,
+    -- What the log holds, read above (after any prune there).
+    known = held[i] or nil,
+  }
+end
 
 -- Recorded in this cell already: pruned and given its expiry in it (the cell's first record did
 -- both; an emptied log has no newest entry).
@@ -87,43 +242,9 @@ local function prune(l)
     return
   end
   l.pruned = true
-  if l.newest == nil then
-    return
-  end
-  local edge = now - l.window
-  if l.newest <= edge then
-    -- Everything left the window (an identity back after a pause): both keys go in one call.
-    if l.kind == 'r' then
-      redis.call('DEL', l.log)
-    else
-      redis.call('DEL', l.log, l.amounts)
-    end
-    l.newest = nil
-    return
-  end
-  -- The newest entry stays, so the keys (and their expiry) stay.
-  if l.kind == 'r' then
-    redis.call('ZREMRANGEBYSCORE', l.log, '-inf', int(edge))
-    return
-  end
-  -- In chunks: Lua's unpack takes a few thousand values at most.
-  while true do
-    local gone = redis.call('ZRANGEBYSCORE', l.log, '-inf', int(edge), 'LIMIT', '0', PRUNE_CHUNK)
-    if #gone == 0 then
-      return
-    end
-    local amounts = redis.call('HMGET', l.amounts, unpack(gone))
-    local freed = 0
-    for _, a in ipairs(amounts) do
-      freed = freed + (tonumber(a) or 0)
-    end
-    redis.call('HDEL', l.amounts, unpack(gone))
-    redis.call('ZREM', l.log, unpack(gone))
-    redis.call('HINCRBY', l.amounts, 'sum', int(-freed))
-    if #gone < tonumber(PRUNE_CHUNK) then
-      return
-    end
-  end
+  l.known = nil
+  l.newest = prune_log(l.index, l.newest or false, now) or nil
+  newest[l.index] = l.newest or false
 end
 
 -- What the log holds: requests counted, tokens summed (expired entries too unless pruned).
@@ -132,9 +253,9 @@ local function held(l)
     return 0
   end
   if l.kind == 'r' then
-    return redis.call('ZCARD', l.log)
+    return call('ZCARD', l.log)
   end
-  return tonumber(redis.call('HGET', l.amounts, 'sum') or '0')
+  return (call('HGET', l.amounts, 'sum') or 0) + 0
 end
 
 -- The keys live until the end of this cell plus a window and the margin (by `now`, which is
@@ -144,9 +265,9 @@ local function expire(l, always)
     return
   end
   local at = int(math.ceil(((cell + 1) * CELL + l.window) / 1000) + KEY_MARGIN_MS)
-  redis.call('PEXPIREAT', l.log, at)
+  call('PEXPIREAT', l.log, at)
   if l.kind == 't' then
-    redis.call('PEXPIREAT', l.amounts, at)
+    call('PEXPIREAT', l.amounts, at)
   end
 end
 
@@ -159,7 +280,10 @@ local function verdict(l, cost)
   if not fresh(l) then
     prune(l)
   end
-  local have = held(l)
+  local have = l.known
+  if have == nil then
+    have = held(l)
+  end
   if have + cost > l.amount and not l.pruned then
     prune(l)
     have = held(l)
@@ -171,13 +295,13 @@ local function verdict(l, cost)
   if l.kind == 'r' then
     -- The (count - amount + cost)-th oldest must leave: index count - amount + cost - 1.
     local index = int(have - l.amount + cost - 1)
-    local entry = redis.call('ZRANGE', l.log, index, index, 'WITHSCORES')
-    return tonumber(entry[2]) + l.window
+    local entry = call('ZRANGE', l.log, index, index, 'WITHSCORES')
+    return entry[2] + l.window
   end
   local left, room = have, l.amount - cost
   local start = 0
   while true do
-    local chunk = redis.call('ZRANGE', l.log, int(start), int(start + WALK - 1), 'WITHSCORES')
+    local chunk = call('ZRANGE', l.log, int(start), int(start + WALK - 1), 'WITHSCORES')
     if #chunk == 0 then
       return -1
     end
@@ -185,11 +309,11 @@ local function verdict(l, cost)
     for j = 1, #chunk, 2 do
       ids[#ids + 1] = chunk[j]
     end
-    local amounts = redis.call('HMGET', l.amounts, unpack(ids))
+    local amounts = call('HMGET', l.amounts, unpack(ids))
     for j, a in ipairs(amounts) do
       left = left - (tonumber(a) or 0)
       if left <= room then
-        return tonumber(chunk[2 * j]) + l.window
+        return chunk[2 * j] + l.window
       end
     end
     start = start + WALK
@@ -200,21 +324,21 @@ end
 local function keep_only(l, member, keep)
   if l.kind == 'r' then
     if keep <= 0 then
-      redis.call('ZREM', l.log, member)
+      call('ZREM', l.log, member)
     end
     return
   end
-  local held_by = tonumber(redis.call('HGET', l.amounts, member) or '0')
+  local held_by = (call('HGET', l.amounts, member) or 0) + 0
   if held_by <= keep then
     return
   end
   if keep <= 0 then
-    redis.call('HDEL', l.amounts, member)
-    redis.call('ZREM', l.log, member)
+    call('HDEL', l.amounts, member)
+    call('ZREM', l.log, member)
   else
-    redis.call('HSET', l.amounts, member, int(keep))
+    call('HSET', l.amounts, member, int(keep))
   end
-  redis.call('HINCRBY', l.amounts, 'sum', int(keep - held_by))
+  call('HINCRBY', l.amounts, 'sum', int(keep - held_by))
 end
 
 local function cost_of(l, n)
@@ -230,7 +354,7 @@ local function recorded()
     prune(l)
   end
   for _, l in ipairs(limits) do
-    if redis.call('ZSCORE', l.log, id) then
+    if call('ZSCORE', l.log, id) then
       return true
     end
   end
@@ -243,9 +367,9 @@ local function record()
   local added = {}
   for _, l in ipairs(limits) do
     if cost_of(l, tokens) > 0 then
-      if redis.call('ZADD', l.log, 'NX', now_arg, id) == 0 then
+      if call('ZADD', l.log, 'NX', now_arg, id) == 0 then
         for _, a in ipairs(added) do
-          redis.call('ZREM', a.log, id)
+          call('ZREM', a.log, id)
         end
         return false
       end
@@ -255,7 +379,7 @@ local function record()
   for _, l in ipairs(added) do
     if l.kind == 't' then
       -- The sum was read (after any prune) by the verdict: one write sets both.
-      redis.call('HSET', l.amounts, id, ARGV[3], 'sum', int(l.held + tokens))
+      call('HSET', l.amounts, id, ARGV[3], 'sum', int(l.held + tokens))
     end
     expire(l, false)
   end
@@ -302,10 +426,10 @@ elseif op == 'settle' then
       end
       keep_only(l, id, tokens)
       local member = id .. '+debt'
-      if debt > 0 and redis.call('HEXISTS', l.amounts, member) == 0 then
-        redis.call('ZADD', l.log, now_arg, member)
-        redis.call('HINCRBY', l.amounts, member, ARGV[4])
-        redis.call('HINCRBY', l.amounts, 'sum', ARGV[4])
+      if debt > 0 and call('HEXISTS', l.amounts, member) == 0 then
+        call('ZADD', l.log, now_arg, member)
+        call('HINCRBY', l.amounts, member, ARGV[4])
+        call('HINCRBY', l.amounts, 'sum', ARGV[4])
         -- keep_only may have emptied (so deleted) the log, and ZADD made it anew.
         expire(l, true)
       end
