@@ -21,13 +21,6 @@ use admitgate_core::overload::{CapacitySearch, CapacitySearchConfig, Discipline,
 use admitgate_core::{Order, Overflow, Priorities, PriorityClass};
 use admitgate_fleet::{FleetLearner, LimitSource};
 
-fn repr(value: &Bound<'_, PyAny>) -> String {
-    value
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "<unrepresentable>".to_owned())
-}
-
 /// Learn the provider's real ceiling below `max_concurrent_runs` (see the README's
 /// "Overload control"): `AdaptiveLimit(min_limit=1, initial_limit=None, throttle_on=())`.
 #[pyclass(frozen, module = "admitgate", name = "AdaptiveLimit")]
@@ -56,14 +49,14 @@ impl PyAdaptiveLimit {
             if below_one {
                 return Err(PyValueError::new_err(format!(
                     "{arg} must be >= 1, got {}",
-                    repr(value)
+                    args::repr(value)
                 )));
             }
             let n = args::count(arg, value)?;
             if n == 0 {
                 return Err(PyValueError::new_err(format!(
                     "{arg} must be >= 1, got {}",
-                    repr(value)
+                    args::repr(value)
                 )));
             }
             Ok(n)
@@ -116,7 +109,7 @@ impl PyAdaptiveLimit {
             .map(|t| {
                 t.getattr("__qualname__")
                     .map(|n| n.to_string())
-                    .unwrap_or_else(|_| repr(&t))
+                    .unwrap_or_else(|_| args::repr(&t))
             })
             .collect();
         let initial = self
@@ -140,7 +133,7 @@ fn exception_types(py: Python<'_>, value: Option<Bound<'_, PyAny>>) -> PyResult<
     let bad = |v: &Bound<'_, PyAny>| {
         PyTypeError::new_err(format!(
             "throttle_on must be an exception type or a tuple of them, got {}",
-            repr(v)
+            args::repr(v)
         ))
     };
     let items: Vec<Bound<'_, PyAny>> = if value.is_instance_of::<PyType>() {
@@ -233,7 +226,7 @@ pub fn discipline(value: Option<&Bound<'_, PyAny>>) -> PyResult<Discipline> {
     parsed.ok_or_else(|| {
         PyValueError::new_err(format!(
             "queue_discipline must be one of ('fifo', 'adaptive'), got {}",
-            repr(value)
+            args::repr(value)
         ))
     })
 }
@@ -248,11 +241,14 @@ pub fn deadline(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> 
     if !(seconds.is_finite() && seconds >= 0.0) {
         return Err(PyValueError::new_err(format!(
             "deadline_s must be a finite number of seconds >= 0 or None, got {}",
-            repr(value)
+            args::repr(value)
         )));
     }
     let left = Duration::try_from_secs_f64(seconds).map_err(|_| {
-        PyValueError::new_err(format!("deadline_s is too large, got {}", repr(value)))
+        PyValueError::new_err(format!(
+            "deadline_s is too large, got {}",
+            args::repr(value)
+        ))
     })?;
     Ok(Some(now().saturating_add(left)))
 }

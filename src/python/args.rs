@@ -11,7 +11,8 @@ use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
 
 use admitgate_core::policy::{check_count, check_threshold, ConfigError, Overflow};
 
-fn repr(value: &Bound<'_, PyAny>) -> String {
+/// A value as an error message shows it: its `repr()`, or `<unrepresentable>` when that fails.
+pub fn repr(value: &Bound<'_, PyAny>) -> String {
     value
         .repr()
         .map(|r| r.to_string())

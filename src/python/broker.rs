@@ -54,13 +54,6 @@ static SERVING: AtomicBool = AtomicBool::new(false);
 /// so a forked child never inherits it locked.
 static REPLACED: Mutex<Vec<(i32, Py<PyAny>)>> = Mutex::new(Vec::new());
 
-fn repr(value: &Bound<'_, PyAny>) -> String {
-    value
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "<unrepresentable>".to_owned())
-}
-
 /// A keyword argument: absent and `None` both mean "not given" (the YAML file or the
 /// default decides, as for an absent flag).
 fn given<'a, 'py>(value: &'a Option<Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
@@ -75,7 +68,7 @@ fn text(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Option<String>
         Ok(text) => Ok(Some(text.to_str()?.to_owned())),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{name} must be a str, got {}",
-            repr(value)
+            args::repr(value)
         ))),
     }
 }
@@ -89,7 +82,7 @@ fn texts(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Vec<String>> 
     let bad = || {
         PyTypeError::new_err(format!(
             "{name} must be a list of str (one per class), got {}",
-            repr(value)
+            args::repr(value)
         ))
     };
     if value.is_instance_of::<PyString>() {
@@ -141,13 +134,13 @@ fn path(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Option<PathBuf
     if value.is_instance_of::<PyBool>() {
         return Err(PyTypeError::new_err(format!(
             "{name} must be a path (str or os.PathLike), got {}",
-            repr(value)
+            args::repr(value)
         )));
     }
     value.extract::<PathBuf>().map(Some).map_err(|_| {
         PyTypeError::new_err(format!(
             "{name} must be a path (str or os.PathLike), got {}",
-            repr(value)
+            args::repr(value)
         ))
     })
 }
@@ -162,7 +155,7 @@ fn address(name: &str, value: &Option<Bound<'_, PyAny>>) -> PyResult<Option<Sock
     text.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
         PyValueError::new_err(format!(
             "{name} must be an IP:port address such as 127.0.0.1:8080, got {}",
-            repr(shown)
+            args::repr(shown)
         ))
     })
 }

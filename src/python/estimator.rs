@@ -25,13 +25,6 @@ use super::args;
 use super::errors::guard;
 use super::rate_limit::PyRateLimit;
 
-fn repr(value: &Bound<'_, PyAny>) -> String {
-    value
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "<unrepresentable>".to_owned())
-}
-
 /// A token estimate learned from what turns report: per identity, the larger of its last
 /// report and a decayed average of its reports; see ``docs/budgets.md``.
 #[pyclass(frozen, module = "admitgate", name = "RecentUsage")]
@@ -52,7 +45,7 @@ fn whole(arg: &'static str, value: &Bound<'_, PyAny>, range: &str) -> PyResult<u
         if err.is_instance_of::<PyTypeError>(value.py()) {
             return err;
         }
-        PyValueError::new_err(format!("{arg} must be {range}, got {}", repr(value)))
+        PyValueError::new_err(format!("{arg} must be {range}, got {}", args::repr(value)))
     })
 }
 
@@ -199,7 +192,7 @@ impl GateEstimator {
         } else {
             return Err(PyTypeError::new_err(format!(
                 "estimator must be an admitgate.RecentUsage, a callable estimator(session_id, identity) -> int, or None, got {}",
-                repr(value)
+                args::repr(value)
             )));
         };
         let mut budget = None;
@@ -213,7 +206,7 @@ impl GateEstimator {
         let Some(budget) = budget else {
             return Err(PyValueError::new_err(format!(
                 "estimator={} needs a rate_limit= with tokens= (the estimate is what a turn reserves there), got {}",
-                repr(value),
+                args::repr(value),
                 if rate_limits.is_empty() {
                     "no rate_limit"
                 } else {
@@ -306,8 +299,8 @@ fn checked_estimate(estimator: &Bound<'_, PyAny>, answer: &Bound<'_, PyAny>) -> 
     let bad = |what: &str| {
         format!(
             "estimator {} returned {}: an estimate must be {what}",
-            repr(estimator),
-            repr(answer)
+            args::repr(estimator),
+            args::repr(answer)
         )
     };
     if answer.is_instance_of::<PyBool>() || !answer.is_instance_of::<PyInt>() {
