@@ -15,9 +15,25 @@ set -euo pipefail
 
 # PAIRS="h1 h2" and SUBJECTS="haproxy broker" narrow the run; CONNECTIONS=16 loads it with
 # 16 requests in flight instead of one.
+usage() {
+    echo "broker_profile.sh: error: $* (usage: broker_profile.sh BROKER_BINARY OUTDIR [N])" >&2
+    exit 2
+}
+[ $# -ge 2 ] && [ $# -le 3 ] || usage "expected BROKER_BINARY OUTDIR [N], got $# arguments"
+[ -x "$1" ] || usage "BROKER_BINARY: not an executable file: '$1'"
+n=${3:-1000}
+[[ $n =~ ^[1-9][0-9]*$ ]] || usage "N: must be a whole number of requests >= 1, got '$n'"
+case ${CONNECTIONS:-1} in
+'' | *[!0-9]* | 0*) usage "CONNECTIONS: must be a whole number >= 1, got '${CONNECTIONS}'" ;;
+esac
+for pair in ${PAIRS:-h1 h2}; do
+    case $pair in h1 | h2) ;; *) usage "PAIRS: each must be h1 or h2, got '$pair'" ;; esac
+done
+for subject in ${SUBJECTS:-haproxy broker}; do
+    case $subject in haproxy | broker) ;; *) usage "SUBJECTS: each must be haproxy or broker, got '$subject'" ;; esac
+done
 broker=$(realpath "$1")
 out=$2
-n=${3:-1000}
 mkdir -p "$out"
 out=$(realpath "$out")
 body="$out/body.json"

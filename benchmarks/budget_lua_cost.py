@@ -21,7 +21,6 @@ callgrind profiles for ``callgrind_annotate --inclusive=yes``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
@@ -31,6 +30,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from admitgate._cli import OneLineParser, integer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "crates" / "fleet" / "src" / "lua" / "budget.lua"
@@ -208,13 +209,13 @@ def measure(script: Path, calls: int, callgrind: bool, identities: int, keep: Pa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--script", type=Path, action="append", help="budget.lua to measure")
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--calls", type=integer(1, 10_000_000), default=20_000)
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument(
         "--identities",
-        type=int,
+        type=integer(0, 10_000_000),
         default=2000,
         help="identities taken in turn (5: hot logs, fresh cells; 0: a new identity each call)",
     )
@@ -222,6 +223,9 @@ def main() -> None:
         "--keep", type=Path, help="copy the callgrind profiles here (for callgrind_annotate)"
     )
     args = parser.parse_args()
+    for script in args.script or []:
+        if not script.is_file():
+            parser.error(f"argument --script: no such file: {str(script)!r}")
     print(f"host load (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for script in args.script or [SCRIPT]:
         measure(script, args.calls, args.callgrind, args.identities, args.keep)

@@ -7,7 +7,7 @@ VARIANT N`` runs N turns of one variant after one warm-up turn of each.
 * ``sem``: ``async with asyncio.Semaphore(32)``, empty body;
 * ``cgate`` / ``csem``: contended, 200 tasks sharing a ceiling of 32 (``overflow_policy="queue"``),
   body ``await asyncio.sleep(0)``;
-* anything else: the loop alone.
+* ``loop``: the loop alone.
 
 A turn costs (instructions at N - instructions at 0) / N::
 
@@ -28,6 +28,7 @@ if os.environ.get("NOBINDING"):
     sys.modules["praisonaiagents"] = None  # type: ignore[assignment]  # the import is refused
 
 import admitgate
+from admitgate._cli import OneLineParser, integer
 
 if not os.environ.get("NOBINDING"):
     import praisonaiagents.approval.registry  # type: ignore[import-untyped]  # noqa: F401
@@ -74,4 +75,8 @@ async def run(variant: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(run(sys.argv[1], int(sys.argv[2])))
+    parser = OneLineParser(description="Runs N turns of one variant, for callgrind.")
+    parser.add_argument("variant", choices=["gate", "sem", "cgate", "csem", "loop"])
+    parser.add_argument("n", metavar="N", type=integer(0, 100_000_000), help="turns to run")
+    args = parser.parse_args()
+    asyncio.run(run(args.variant, args.n))
