@@ -13,7 +13,9 @@ perturbed (``Connection``/``Upgrade``, ``content-type``, ``Transfer-Encoding``, 
 ``Expect``, ``Host``, absolute-form targets, HTTP/1.0, pipelining) and bodies split at every
 boundary of the peek. Invariants, checked at the agent and the broker's metrics: executions
 at the agent never exceed the cap; every execution was counted as admitted; every refusal is
-a documented one.
+a documented one. Last, HTTP/1.1 requests and h2c connections cut inside, at and around the
+24 bytes the broker reads to tell the protocols apart (and dripped a byte at a time across
+them): each runs exactly once.
 """
 
 from __future__ import annotations
@@ -380,3 +382,102 @@ def test_no_request_shape_runs_more_than_the_cap(env: Any, plan: dict[str, Any])
 
 def _counter_sum(broker: BrokerProcess, name: str) -> float:
     return sum(v for k, v in broker.metrics().items() if k.startswith(name + "{"))
+
+
+# -- the protocol sniff -------------------------------------------------------------------------
+
+#: The broker tells HTTP/1.1 from h2c by the first 24 bytes (the HTTP/2 preface's length), then
+#: hands them back to the parser before the rest (``server/io.rs``, ``ClientIo``).
+SNIFF = 24
+
+#: Where a client may cut its first bytes: inside, at and just past the sniff, and a drip of
+#: one byte at a time across it.
+SNIFF_CUTS = [[1], [SNIFF - 1], [SNIFF], [SNIFF + 1], [SNIFF, SNIFF + 1], list(range(1, 31))]
+
+
+def _pieces(message: bytes, cuts: list[int]) -> list[bytes]:
+    edges = [0, *cuts, len(message)]
+    return [message[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+
+
+@pytest.mark.parametrize(
+    "cuts", SNIFF_CUTS, ids=lambda c: "-".join(map(str, c[:3])) + "..."[: 3 * (len(c) > 3)]
+)
+def test_an_http1_request_cut_anywhere_around_the_sniff_runs_once(
+    env: Any, cuts: list[int]
+) -> None:
+    """A request whose first bytes come in pieces, 10 ms apart, cut at every place the sniff
+    and its replay could mishandle: answered 200, run exactly once at the agent, within the
+    cap."""
+    executor, broker = env.executors["uvicorn"], env.brokers["uvicorn"]
+    _settle(env, "uvicorn")
+    executor.reset()
+    body = _send_body("sleep 0.05")
+    request = request_bytes(
+        "POST",
+        "/",
+        [
+            ("Host", "agent"),
+            ("Content-Type", "application/json"),
+            ("A2A-Version", "1.0"),
+            ("Content-Length", str(len(body))),
+        ],
+        body,
+    )
+    response = raw_exchange(broker.address, _pieces(request, cuts), pause=0.01)
+    _settle(env, "uvicorn")
+    assert response.status == 200, response
+    assert executor.executions == 1 and executor.peak == 1, (executor.executions, executor.peak)
+
+
+@pytest.mark.parametrize(
+    "cuts", SNIFF_CUTS, ids=lambda c: "-".join(map(str, c[:3])) + "..."[: 3 * (len(c) > 3)]
+)
+def test_an_h2c_connection_cut_anywhere_in_its_preface_runs_once(env: Any, cuts: list[int]) -> None:
+    """The same over h2c with prior knowledge: the client's preface and first frames cut inside
+    and around the 24-byte preface. Answered 200, run exactly once, within the cap."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    executor, broker = env.executors["uvicorn"], env.brokers["uvicorn"]
+    _settle(env, "uvicorn")
+    executor.reset()
+    body = _send_body("sleep 0.05")
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":path", "/"),
+            (":scheme", "http"),
+            (":authority", "agent"),
+            ("content-type", "application/json"),
+            ("a2a-version", "1.0"),
+            ("content-length", str(len(body))),
+        ],
+    )
+    conn.send_data(1, body, end_stream=True)
+    host, port = broker.address.rsplit(":", 1)
+    status = None
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        for i, piece in enumerate(_pieces(conn.data_to_send(), cuts)):
+            if i:
+                time.sleep(0.01)
+            sock.sendall(piece)
+        ended = False
+        while not ended:
+            data = sock.recv(65536)
+            assert data, "the broker closed the connection before the response ended"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    ended = True
+            sock.sendall(conn.data_to_send())
+    _settle(env, "uvicorn")
+    assert status == b"200", status
+    assert executor.executions == 1 and executor.peak == 1, (executor.executions, executor.peak)
