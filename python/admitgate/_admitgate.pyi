@@ -39,6 +39,7 @@ __all__ = [
     "Entered",
     "HumanWait",
     "HumanWaitFactory",
+    "LoopInbox",
     "LoopMailbox",
     "QueueTimer",
     "AdmissionGate",
@@ -467,7 +468,7 @@ class Admission:
         gate's ``estimator=``'s estimate (0 without one), known once the turn has passed its
         budgets; ``None`` before that when no ``cost=`` was given."""
     def _budget_step(self, answer: BudgetAnswer | None = None) -> Any: ...
-    def _budget_abandon(self) -> None: ...
+    def _budget_abandon(self, step: Any = None) -> None: ...
     @property
     def _budget_server_time(self) -> float | None: ...
     def _enter_gate(self) -> Entered | Wait | LeaseWait: ...
@@ -689,6 +690,15 @@ class LoopMailbox:
     """Wake-ups posted to one event loop from other threads, delivered in one callback."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> None: ...
+
+@final
+class LoopInbox:
+    """The fleet runtime's finished results for one event loop (``loop._admitgate_inbox``):
+    posted without the GIL, delivered when the loop sees its socket readable."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None: ...
+    def __len__(self) -> int:
+        """The futures still waiting for a result (for tests)."""
 
 @final
 class FleetLimit:

@@ -27,6 +27,7 @@ async def enter(admission: Any, step: Any) -> Any:
             else:
                 step = admission._budget_step(await step)
     except BaseException:
-        admission._budget_abandon()
+        # ``step`` may hold a fleet answer that landed as the turn was cancelled.
+        admission._budget_abandon(None if isinstance(step, float) else step)
         raise
     return await admission._enter_gate()

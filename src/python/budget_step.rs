@@ -18,12 +18,39 @@ use pyo3::sync::PyOnceLock;
 use super::admission::{Admission, BudgetState};
 use super::args;
 use super::estimator::Priced;
-use super::fleet::{future_into_py, runtime_start};
+use super::fleet::{run_for_loop, runtime_start, Deliver};
 use super::runtime::now;
 
 /// A fleet budget's answer, as the asyncio future's result (opaque to Python).
 #[pyclass(frozen, module = "admitgate._admitgate")]
 pub struct BudgetAnswer(Mutex<Option<FleetAnswer>>);
+
+impl BudgetAnswer {
+    /// Gives back at once the admission in `step`'s answer, if `step` is a fleet answer's
+    /// future that was resolved but never read (its turn was cancelled as the answer landed).
+    /// Left to the garbage collector, the admission would count against the identity for as
+    /// long as anything (a traceback's frame, a finished task) kept the future alive.
+    pub(super) fn discard_unread(step: &Bound<'_, PyAny>) {
+        let py = step.py();
+        let resolved = step
+            .call_method0(pyo3::intern!(py, "done"))
+            .and_then(|d| d.is_truthy())
+            .unwrap_or(false)
+            && !step
+                .call_method0(pyo3::intern!(py, "cancelled"))
+                .and_then(|c| c.is_truthy())
+                .unwrap_or(true);
+        if !resolved {
+            return;
+        }
+        if let Ok(result) = step.call_method0(pyo3::intern!(py, "result")) {
+            if let Ok(answer) = result.cast::<BudgetAnswer>() {
+                // Dropped here: its own drop gives the admission back.
+                drop(answer.get().0.lock().take());
+            }
+        }
+    }
+}
 
 /// A turn's identity in each of its gate's budgets.
 struct Identities<'py> {
@@ -276,8 +303,11 @@ fn to_python(py: Python<'_>, pending: Pending) -> PyResult<Py<PyAny>> {
         Pending::Admitted => Ok(py.None()),
         Pending::Sleep(wait) => Ok(wait.as_secs_f64().into_pyobject(py)?.into_any().unbind()),
         Pending::Ask(ask) => {
-            let fut = future_into_py(py, async move {
-                Ok::<_, PyErr>(BudgetAnswer(Mutex::new(Some(ask.run().await))))
+            let fut = run_for_loop(py, async move {
+                let answer = ask.run().await;
+                Box::new(move |py: Python<'_>| {
+                    Ok(Py::new(py, BudgetAnswer(Mutex::new(Some(answer))))?.into_any())
+                }) as Deliver
             })?;
             Ok(fut.unbind())
         }

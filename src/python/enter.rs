@@ -259,9 +259,14 @@ impl Admission {
         self.priced.get().map(|p| p.cost).or(self.cost)
     }
 
-    /// The budget coroutine was cancelled (or failed): what the turn reserved goes back.
-    fn _budget_abandon(&self) -> PyResult<()> {
+    /// The budget coroutine was cancelled (or failed): what the turn reserved goes back,
+    /// including a fleet answer that had landed in `step` (its future) but was never read.
+    #[pyo3(signature = (step=None))]
+    fn _budget_abandon(&self, step: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         guard(|| {
+            if let Some(step) = step {
+                BudgetAnswer::discard_unread(step);
+            }
             self.give_back_budget();
             Ok(())
         })

@@ -6,6 +6,8 @@
 //! * [`limit`]: `FleetLimit`, its validated settings and its awaitables.
 //! * [`lease`]: `FleetLease`, given back when released or dropped.
 //! * [`events`]: the protocol's events, logged on the `admitgate` logger.
+//! * [`handoff`]: the runtime's results handed to an event loop without the GIL (a budget's
+//!   round trips).
 //! * [`turn`]: what a gate turn's wait for its lease (`AdmissionGate(..., fleet=...)`) needs
 //!   from the runtime: the lease as an asyncio future or a blocking wait, what ends the wait
 //!   from outside, and the runtime a running turn's lease lends itself on.
@@ -19,6 +21,7 @@
 //! `RuntimeError` naming the cause.
 
 mod events;
+mod handoff;
 mod lease;
 mod limit;
 mod runtime;
@@ -26,11 +29,10 @@ mod turn;
 
 use pyo3::prelude::*;
 
+pub use handoff::{run_for_loop, Deliver, LoopInbox};
 pub use lease::PyFleetLease;
 pub use limit::{set_gate_fleet_keys, PyFleetLimit};
-pub use runtime::{
-    epoch as runtime_epoch, future_into_py, handle as runtime_handle, start as runtime_start,
-};
+pub use runtime::{epoch as runtime_epoch, handle as runtime_handle, start as runtime_start};
 pub use turn::{
     acquire_blocking, lease_future, lease_scope, Blocked, FleetRuntime, Interrupt, LeaseTimer,
     LeaseWaits,

@@ -67,6 +67,8 @@ mod _admitgate {
     #[pymodule_export]
     use super::exit::_quiesce_at_exit;
     #[pymodule_export]
+    use super::fleet::LoopInbox;
+    #[pymodule_export]
     use super::fleet::{
         _fleet_runtime_running, _reset_fleet_after_fork, PyFleetLease, PyFleetLimit,
     };
