@@ -14,6 +14,10 @@ a free loopback port (as ``benchmarks/fleet.py`` does) and needs admitgate. Two 
   call), for 5 s each: decisions per second and the p50 / p99 of a decision as the caller
   sees it (``async with gate.admit()`` entered and left).
 
+``--rounds N`` repeats the decisions; ``--baseline-python PY`` measures them also with another
+interpreter's admitgate (another build, in a venv of its own), alternating round by round on
+the same redis-server, and prints the medians of both.
+
 ``tests/test_budget_fleet.py`` runs the exactness part for 3 s and checks it.
 """
 
@@ -130,28 +134,84 @@ async def decisions(url: str, concurrency: int, seconds: float) -> dict[str, Any
     }
 
 
+def decisions_elsewhere(python: str, url: str, seconds: float) -> list[dict[str, Any]]:
+    """The decisions part run by another interpreter (another build of admitgate) on ``url``."""
+    command = [python, str(Path(__file__).resolve()), "--decisions-only", "--json"]
+    command += ["--redis-url", url, "--seconds", str(seconds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{python}: the baseline run failed: {done.stderr.strip()[-400:]}")
+    return list(json.loads(done.stdout)["decisions"][0]["rows"])
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        key: statistics.median(r[key] for r in rows)
+        for key in ("decisions_per_s", "p50_us", "p99_us")
+    }
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from admitgate._cli import OneLineParser, integer
+
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 s burst, 1 s per concurrency")
     parser.add_argument("--json", action="store_true", help="one JSON document")
+    parser.add_argument(
+        "--rounds", type=integer(1, 20), default=1, help="decision rounds (default 1)"
+    )
+    parser.add_argument(
+        "--baseline-python",
+        metavar="PYTHON",
+        help="also measure decisions with this interpreter's admitgate (another build), "
+        "alternating with this one round by round",
+    )
+    parser.add_argument("--decisions-only", action="store_true", help="skip the exactness burst")
+    parser.add_argument("--redis-url", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    redis = LocalRedis()
+    if args.baseline_python is not None and not os.access(args.baseline_python, os.X_OK):
+        parser.error(f"argument --baseline-python: not an executable: {args.baseline_python!r}")
+    seconds = args.seconds or (1.0 if args.quick else 5.0)
+    redis = None if args.redis_url else LocalRedis()
+    url = args.redis_url or redis.url  # type: ignore[union-attr]
+    load = os.getloadavg()[0]
+    burst = None
+    rounds: list[dict[str, Any]] = []
     try:
-        load = os.getloadavg()[0]
-        burst = exactness(redis.url, 3.0 if args.quick else 10.0)
-        costs = [
-            asyncio.run(decisions(redis.url, c, 1.0 if args.quick else 5.0)) for c in (1, 8, 32)
-        ]
+        if not args.decisions_only:
+            burst = exactness(url, 3.0 if args.quick else 10.0)
+        for number in range(args.rounds):
+            builds = [("this", None)]
+            if args.baseline_python:
+                # Alternate which build goes first, so neither always runs on a warmer host.
+                builds.insert(number % 2, ("baseline", args.baseline_python))
+            for build, python in builds:
+                rows = (
+                    [asyncio.run(decisions(url, c, seconds)) for c in (1, 8, 32)]
+                    if python is None
+                    else decisions_elsewhere(python, url, seconds)
+                )
+                rounds.append({"round": number + 1, "build": build, "rows": rows})
     finally:
-        redis.close()
-    report = {"load_1min": load, "exactness": burst, "decisions": costs}
+        if redis is not None:
+            redis.close()
+    report: dict[str, Any] = {"load_1min": load, "exactness": burst, "decisions": rounds}
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"host load (1 min) at start: {load:.1f} on {os.cpu_count()} CPUs")
-    print("exactness:", json.dumps(burst))
-    for row in costs:
-        print("decisions:", json.dumps(row))
+    if burst is not None:
+        print("exactness:", json.dumps(burst))
+    for entry in rounds:
+        for row in entry["rows"]:
+            print(f"decisions, round {entry['round']}, {entry['build']}:", json.dumps(row))
+    if args.rounds > 1 or args.baseline_python:
+        for build in sorted({e["build"] for e in rounds}):
+            for i, concurrency in enumerate((1, 8, 32)):
+                rows = [e["rows"][i] for e in rounds if e["build"] == build]
+                print(f"median of {len(rows)}, {build}, {concurrency} callers:", median_row(rows))
+    print(f"host load (1 min) at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
