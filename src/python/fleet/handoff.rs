@@ -24,6 +24,8 @@
 //!   future's number, not the future; the futures wait in the inbox, on the loop's side.
 //! * **Nothing held is lost.** A result whose future was cancelled meanwhile, or whose loop is
 //!   gone, is dropped unconverted: a budget's admission in it is given back by its own drop.
+//! * **Every future ends.** A task that ends without its result (a panic, a runtime that drops
+//!   it unrun) posts an error in its place.
 //!
 //! A loop that takes no attributes, or cannot watch a file descriptor, gets pyo3-async-runtimes'
 //! conversion instead (slower, same results).
@@ -37,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::{PyTraverseError, PyVisit};
@@ -67,12 +70,41 @@ where
     let inbox = inbox.get();
     let id = inbox.next_id.fetch_add(1, Ordering::Relaxed);
     inbox.pending.lock().insert(id, fut.clone().unbind());
-    let shared = inbox.shared.clone();
+    let mut owed = Owed {
+        shared: Some(inbox.shared.clone()),
+        id,
+    };
     drop(handle.spawn(async move {
         let deliver = work.await;
-        shared.post(id, deliver);
+        owed.pay(deliver);
     }));
     Ok(fut)
+}
+
+/// A future's result, owed to its inbox by the task that computes it. A task that ends
+/// without it (its work panicked, or the runtime dropped it unrun) posts an error instead, so
+/// the turn awaiting the future fails rather than waiting for ever.
+struct Owed {
+    shared: Option<Arc<Shared>>,
+    id: u64,
+}
+
+impl Owed {
+    fn pay(&mut self, deliver: Deliver) {
+        if let Some(shared) = self.shared.take() {
+            shared.post(self.id, deliver);
+        }
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.pay(Box::new(|_py: Python<'_>| {
+            Err(PyRuntimeError::new_err(
+                "admitgate's fleet runtime dropped a decision before it was made",
+            ))
+        }));
+    }
 }
 
 /// The runtime's side of an inbox: what it posts, and how it wakes the loop.
