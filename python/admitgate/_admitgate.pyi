@@ -852,7 +852,8 @@ class WindowLockout:
     (``"local"``: this process's own limiter; ``"reject"``; ``"allow"``). Once a call has gone
     past ``max_block_s``, and until it answers or fails, decisions on a loop do not wait for
     Redis at all (Redis is suspect: a frozen one costs one wait per outage, not one per
-    decision); a thread with no running loop always waits, for the whole call bound.
+    decision; every limiter on the same connection shares this); a thread with no running
+    loop always waits, for the whole call bound.
     """
 
     def __new__(
@@ -907,8 +908,8 @@ class WindowLockout:
         wide also ``fleet_decisions``, ``known_refusals``, ``offline_decisions`` (every one the
         fallback made), ``late_decisions`` (of those, Redis slower than ``max_block_s``),
         ``suspect_decisions`` (of those, made at once on a loop while an earlier call was still
-        late), ``late_outstanding`` (late calls not answered yet: while above 0, decisions on
-        a loop do not wait) and ``on_backend_error``. No per-key numbers."""
+        late), ``late_outstanding`` (late calls on this limiter's connection not answered yet:
+        while above 0, decisions on a loop do not wait) and ``on_backend_error``. No per-key numbers."""
 
 @final
 class A2ARules:

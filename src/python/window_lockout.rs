@@ -23,8 +23,9 @@
 //! `2 × (connect_timeout + command_timeout)`, 6 s by default): thousands of 3 ms timer waits,
 //! and on a VM the timer's wake-up jitter takes some of them past 5 ms. Now one decision per
 //! outage waits. When Redis was only slow, the late call's answer ends the suspicion and the
-//! next decision waits for Redis again. See [`LateCalls`] for how a reply that comes exactly
-//! as its waiter gives up is counted once, never leaving the limiter suspecting for good.
+//! next decision waits for Redis again. The suspicion is the connection's: every limiter on
+//! one `FleetLimit` shares it. See [`LateCalls`] for how a reply that comes exactly as its
+//! waiter gives up is counted once, never leaving the limiter suspecting for good.
 //!
 //! A thread with no running loop is not held to `max_block`: it is allowed to block, and it
 //! waits for Redis even while Redis is suspect (the documented way to get the fleet's exact
@@ -43,7 +44,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering, Ordering::Relaxed};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use admitgate_budget::{WindowLockout, WindowLockoutRule, WindowVerdict};
@@ -134,7 +135,7 @@ struct Counters {
     suspect_decisions: AtomicU64,
 }
 
-/// The calls of one connection that went late (their waiter gave up) and have not answered
+/// The calls on one connection that went late (their waiter gave up) and have not answered
 /// or failed yet. While there is one, Redis is suspect: decisions on a loop do not wait.
 ///
 /// Each call and its waiter share a state ([`CallState`]: waiting, late, settled) and settle
@@ -161,6 +162,30 @@ impl LateCalls {
     fn suspect(&self) -> bool {
         self.outstanding.load(Ordering::Acquire) > 0
     }
+}
+
+/// Each connection's late calls, by its `FleetLimit`'s identity: every limiter on one
+/// connection shares them (the gateway builds three on its `push.redis`). Their calls queue on
+/// one multiplexed connection to one Redis, so one limiter's late call says the others' would
+/// be late too, and a frozen Redis costs one wait per outage, not one per limiter.
+///
+/// An identity is an address, and is never reused while an entry is alive: a limiter holding
+/// the `LateCalls` holds the connection too. Dead entries are dropped as new ones come.
+static LATE_BY_CONNECTION: Mutex<Vec<(usize, Weak<LateCalls>)>> = Mutex::new(Vec::new());
+
+fn late_calls_of(connection: usize) -> Arc<LateCalls> {
+    let mut all = LATE_BY_CONNECTION.lock();
+    all.retain(|(_, late)| late.strong_count() > 0);
+    if let Some(late) = all
+        .iter()
+        .find(|(id, _)| *id == connection)
+        .and_then(|(_, late)| late.upgrade())
+    {
+        return late;
+    }
+    let late = Arc::<LateCalls>::default();
+    all.push((connection, Arc::downgrade(&late)));
+    late
 }
 
 /// Where one call stands (see [`LateCalls`]).
@@ -250,7 +275,8 @@ fn ask<T: Send + 'static>(
     }
 }
 
-/// The rule on one `FleetLimit` connection, and that connection's late calls.
+/// The rule on one `FleetLimit` connection, and that connection's late calls (shared with
+/// every limiter on it: [`LATE_BY_CONNECTION`]).
 struct Built {
     identity: usize,
     protocol: FleetWindowLockout,
@@ -278,7 +304,7 @@ impl Fleet {
             _ => {
                 let protocol = FleetWindowLockout::new(&limit, &self.name, rule)
                     .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                let late = Arc::<LateCalls>::default();
+                let late = late_calls_of(limit.identity());
                 *built = Some(Built {
                     identity: limit.identity(),
                     protocol: protocol.clone(),
@@ -308,7 +334,8 @@ impl Fleet {
         }
     }
 
-    /// How many calls went late and are still unanswered (0 before the first fleet call).
+    /// How many calls on this limiter's connection went late and are still unanswered (0
+    /// before the first fleet call).
     fn late_outstanding(&self) -> usize {
         self.built
             .lock()
