@@ -859,7 +859,11 @@ class WindowLockout:
     one Lua call each, by Redis ``TIME``; a refusal is then answered locally until its known
     retry time. A fleet decision holds an event loop running on the calling thread at most
     ``max_block_s``; past it, or while Redis is down, ``on_backend_error`` decides
-    (``"local"``: this process's own limiter; ``"reject"``; ``"allow"``).
+    (``"local"``: this process's own limiter; ``"reject"``; ``"allow"``). Once a call has gone
+    past ``max_block_s``, and until it answers or fails, decisions on a loop do not wait for
+    Redis at all (Redis is suspect: a frozen one costs one wait per outage, not one per
+    decision; every limiter on the same connection shares this); a thread with no running
+    loop always waits, for the whole call bound.
     """
 
     def __new__(
@@ -911,9 +915,11 @@ class WindowLockout:
         """Whether decisions are made fleet-wide."""
     def stats(self) -> dict[str, Any]:
         """``allowed``, ``limited``, ``refused_at_capacity``, ``keys`` and ``reclaimed``; fleet-
-        wide also ``fleet_decisions``, ``known_refusals``, ``offline_decisions`` (the fallback's),
-        ``late_decisions`` (Redis slower than ``max_block_s``) and ``on_backend_error``. No
-        per-key numbers."""
+        wide also ``fleet_decisions``, ``known_refusals``, ``offline_decisions`` (every one the
+        fallback made), ``late_decisions`` (of those, Redis slower than ``max_block_s``),
+        ``suspect_decisions`` (of those, made at once on a loop while an earlier call was still
+        late), ``late_outstanding`` (late calls on this limiter's connection not answered yet:
+        while above 0, decisions on a loop do not wait) and ``on_backend_error``. No per-key numbers."""
 
 @final
 class A2ARules:

@@ -116,8 +116,9 @@ def rate_limit_policy(
     caller's ``now`` is then read only by the ``"local"`` fallback. ``name`` namespaces the
     keys; ``on_backend_error`` (``"local"``, ``"reject"`` or ``"allow"``) is what a decision
     does when Redis is down or has not answered within ``max_block_s`` while an event loop
-    runs on the calling thread. At most ``max_keys`` live keys are held locally (a new key
-    past them is refused).
+    runs on the calling thread (and, until that late call answers, without waiting at all:
+    ``stats()["suspect_decisions"]``). At most ``max_keys`` live keys are held locally (a new
+    key past them is refused).
     """
     max_requests = _count("max_requests", max_requests)
     window = _seconds("window_seconds", window_seconds, zero_ok=False)

@@ -14,7 +14,25 @@
 //! released, for at most `max_block` when an event loop runs on the calling thread (the full
 //! call bound otherwise). A reply later than that is still applied (a refusal it brings is
 //! remembered), but this decision is made by the fallback (`on_backend_error`) and counted in
-//! `late_decisions`. Two things make most decisions need no round trip at all:
+//! `late_decisions`.
+//!
+//! **A late call makes Redis suspect.** From the moment a call goes late until it answers or
+//! fails, decisions on a loop do not wait for Redis at all: the fallback answers at once
+//! (`suspect_decisions`). Without this, a frozen Redis made every decision wait its full
+//! `max_block` until the connection was marked down (a call fails only after about
+//! `2 × (connect_timeout + command_timeout)`, 6 s by default): thousands of 3 ms timer waits,
+//! and on a VM the timer's wake-up jitter takes some of them past 5 ms. Now one decision per
+//! outage waits. When Redis was only slow, the late call's answer ends the suspicion and the
+//! next decision waits for Redis again. The suspicion is the connection's: every limiter on
+//! one `FleetLimit` shares it. See [`LateCalls`] for how a reply that comes exactly as its
+//! waiter gives up is counted once, never leaving the limiter suspecting for good.
+//!
+//! A thread with no running loop is not held to `max_block`: it is allowed to block, and it
+//! waits for Redis even while Redis is suspect (the documented way to get the fleet's exact
+//! answer from async code is `asyncio.to_thread`). A call it gives up on (past the whole call
+//! bound) does make Redis suspect for the loops.
+//!
+//! Two things make most decisions need no round trip at all:
 //!
 //! - **A known refusal** is answered locally until the retry time Redis gave (measured from when
 //!   the call was sent, so never later than the server's): nothing another replica does makes a
@@ -24,8 +42,9 @@
 //!   connection's probe sees Redis again.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use admitgate_budget::{WindowLockout, WindowLockoutRule, WindowVerdict};
@@ -113,14 +132,163 @@ struct Counters {
     known_refusals: AtomicU64,
     offline_decisions: AtomicU64,
     late_decisions: AtomicU64,
+    suspect_decisions: AtomicU64,
+}
+
+/// The calls on one connection that went late (their waiter gave up) and have not answered
+/// or failed yet. While there is one, Redis is suspect: decisions on a loop do not wait.
+///
+/// Each call and its waiter share a state ([`CallState`]: waiting, late, settled) and settle
+/// who counts it with one atomic step each, so that a reply that comes exactly as its waiter
+/// times out is counted once or not at all, never left counted: a count stuck above 0 would
+/// silently turn the limiter local for good.
+///
+/// - The waiter, timed out, counts the call late *first*, then moves it from waiting to late
+///   (compare-exchange). If that fails, the call has settled meanwhile: the waiter takes its
+///   count back and reads the reply that is there now.
+/// - The call, when it answers or fails (or is dropped unfinished: a runtime shut down),
+///   marks itself settled (swap); only if it was late does it take the count back.
+///
+/// Every increment is thus matched by exactly one decrement, and the count never goes below
+/// 0 (the waiter's increment comes before the late state the call's decrement needs). In the
+/// instant between the waiter's increment and its failed exchange, a decision elsewhere may
+/// see the count at 1 and take the fallback: harmless, and as rare as the race itself.
+#[derive(Default)]
+struct LateCalls {
+    outstanding: AtomicUsize,
+}
+
+impl LateCalls {
+    fn suspect(&self) -> bool {
+        self.outstanding.load(Ordering::Acquire) > 0
+    }
+}
+
+/// Each connection's late calls, by its `FleetLimit`'s identity: every limiter on one
+/// connection shares them (the gateway builds three on its `push.redis`). Their calls queue on
+/// one multiplexed connection to one Redis, so one limiter's late call says the others' would
+/// be late too, and a frozen Redis costs one wait per outage, not one per limiter.
+///
+/// An identity is an address, and is never reused while an entry is alive: a limiter holding
+/// the `LateCalls` holds the connection too. Dead entries are dropped as new ones come.
+static LATE_BY_CONNECTION: Mutex<Vec<(usize, Weak<LateCalls>)>> = Mutex::new(Vec::new());
+
+fn late_calls_of(connection: usize) -> Arc<LateCalls> {
+    let mut all = LATE_BY_CONNECTION.lock();
+    all.retain(|(_, late)| late.strong_count() > 0);
+    if let Some(late) = all
+        .iter()
+        .find(|(id, _)| *id == connection)
+        .and_then(|(_, late)| late.upgrade())
+    {
+        return late;
+    }
+    let late = Arc::<LateCalls>::default();
+    all.push((connection, Arc::downgrade(&late)));
+    late
+}
+
+/// Where one call stands (see [`LateCalls`]).
+struct CallState(AtomicU8);
+
+const WAITING: u8 = 0;
+const LATE: u8 = 1;
+const SETTLED: u8 = 2;
+
+/// Held by a call's task: marks the call settled when the task ends, or when it is dropped
+/// unfinished, so that no path leaves a late call counted.
+struct Settles {
+    call: Arc<CallState>,
+    late: Arc<LateCalls>,
+}
+
+impl Drop for Settles {
+    fn drop(&mut self) {
+        if self.call.0.swap(SETTLED, Ordering::AcqRel) == LATE {
+            self.late.outstanding.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// What a bounded wait for one fleet call came to.
+enum Asked<T> {
+    Answered(T),
+    /// Redis answered with an error, or the call could not be made.
+    Failed,
+    /// No answer within the bound: the call goes on, counted in [`LateCalls`].
+    Late,
+}
+
+/// How long a caller may wait for Redis.
+#[derive(Clone, Copy)]
+struct WaitBound {
+    wait: Duration,
+    /// An event loop runs on the calling thread: the wait is `max_block`, and a suspect Redis
+    /// is not waited for at all.
+    on_loop: bool,
+}
+
+/// Sends `call` on admitgate's runtime and waits for its answer with the GIL released, at
+/// most `wait`; a call not answered by then is counted in `late` until it settles.
+fn ask<T: Send + 'static>(
+    py: Python<'_>,
+    late: &Arc<LateCalls>,
+    wait: Duration,
+    call: impl Future<Output = Option<T>> + Send + 'static,
+) -> PyResult<Asked<T>> {
+    let handle = runtime_start()?;
+    let (tx, rx) = mpsc::sync_channel::<Option<T>>(1);
+    let state = Arc::new(CallState(AtomicU8::new(WAITING)));
+    let settles = Settles {
+        call: state.clone(),
+        late: late.clone(),
+    };
+    handle.spawn(async move {
+        let reply = call.await;
+        // Sent before the call is marked settled: a waiter that finds it settled finds the
+        // reply in the channel.
+        let _ = tx.send(reply);
+        drop(settles);
+    });
+    let answered = |reply: Option<T>| match reply {
+        Some(value) => Asked::Answered(value),
+        None => Asked::Failed,
+    };
+    // The receiver is not `Sync`: moved into the detached wait and handed back.
+    let (waited, rx) = py.detach(move || (rx.recv_timeout(wait), rx));
+    match waited {
+        Ok(reply) => Ok(answered(reply)),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Ok(Asked::Failed),
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            late.outstanding.fetch_add(1, Ordering::AcqRel);
+            if state
+                .0
+                .compare_exchange(WAITING, LATE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Ok(Asked::Late);
+            }
+            // It settled just as the wait ended: not late after all.
+            late.outstanding.fetch_sub(1, Ordering::AcqRel);
+            Ok(rx.try_recv().map_or(Asked::Failed, answered))
+        }
+    }
+}
+
+/// The rule on one `FleetLimit` connection, and that connection's late calls (shared with
+/// every limiter on it: [`LATE_BY_CONNECTION`]).
+struct Built {
+    identity: usize,
+    protocol: FleetWindowLockout,
+    late: Arc<LateCalls>,
 }
 
 /// The fleet side: the rule on a `FleetLimit`'s connection, rebuilt when that limit is (a
-/// forked child's).
+/// forked child's, which starts with no late call: the parent's are not its own).
 struct Fleet {
     limit: Py<PyFleetLimit>,
     name: String,
-    built: Mutex<Option<(usize, FleetWindowLockout)>>,
+    built: Mutex<Option<Built>>,
     fallback: Fallback,
     max_block: Duration,
     known: Arc<Mutex<Known>>,
@@ -128,31 +296,51 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn protocol(&self, rule: WindowLockoutRule) -> PyResult<FleetWindowLockout> {
+    fn protocol(&self, rule: WindowLockoutRule) -> PyResult<(FleetWindowLockout, Arc<LateCalls>)> {
         let limit = self.limit.get().limit()?;
         let mut built = self.built.lock();
         match &*built {
-            Some((identity, fleet)) if *identity == limit.identity() => Ok(fleet.clone()),
+            Some(b) if b.identity == limit.identity() => Ok((b.protocol.clone(), b.late.clone())),
             _ => {
-                let fleet = FleetWindowLockout::new(&limit, &self.name, rule)
+                let protocol = FleetWindowLockout::new(&limit, &self.name, rule)
                     .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                *built = Some((limit.identity(), fleet.clone()));
-                Ok(fleet)
+                let late = late_calls_of(limit.identity());
+                *built = Some(Built {
+                    identity: limit.identity(),
+                    protocol: protocol.clone(),
+                    late: late.clone(),
+                });
+                Ok((protocol, late))
             }
         }
     }
 
     /// How long to wait for Redis: `max_block` with an event loop running on this thread, the
     /// whole call bound otherwise.
-    fn bound(&self, py: Python<'_>, fleet: &FleetWindowLockout) -> Duration {
+    fn bound(&self, py: Python<'_>, fleet: &FleetWindowLockout) -> WaitBound {
         if running_loop(py).ok().flatten().is_some() {
-            return self.max_block;
+            return WaitBound {
+                wait: self.max_block,
+                on_loop: true,
+            };
         }
         let config = fleet.fleet().config();
-        config
-            .connect_timeout
-            .saturating_add(config.command_timeout)
-            .saturating_add(Duration::from_millis(100))
+        WaitBound {
+            wait: config
+                .connect_timeout
+                .saturating_add(config.command_timeout)
+                .saturating_add(Duration::from_millis(100)),
+            on_loop: false,
+        }
+    }
+
+    /// How many calls on this limiter's connection went late and are still unanswered (0
+    /// before the first fleet call).
+    fn late_outstanding(&self) -> usize {
+        self.built
+            .lock()
+            .as_ref()
+            .map_or(0, |b| b.late.outstanding.load(Ordering::Acquire))
     }
 }
 
@@ -212,7 +400,7 @@ impl PyWindowLockout {
         let built = fleet.built.lock();
         built
             .as_ref()
-            .map(|(_, f)| f.fleet().config().probe_interval.as_secs_f64())
+            .map(|b| b.protocol.fleet().config().probe_interval.as_secs_f64())
     }
 
     fn decide_inner(
@@ -261,16 +449,20 @@ impl PyWindowLockout {
             };
             return Ok((verdict, now, Decider::Fallback));
         }
-        let protocol = fleet.protocol(*self.local.rule())?;
+        let (protocol, late) = fleet.protocol(*self.local.rule())?;
         if !protocol.is_up() {
             return Ok(self.fallback(fleet, key, now));
         }
         let bound = fleet.bound(py, &protocol);
-        let handle = runtime_start()?;
-        let (tx, rx) = mpsc::sync_channel::<Option<FleetWindowVerdict>>(1);
+        if bound.on_loop && late.suspect() {
+            // An earlier call has not answered within its bound yet: this one would not
+            // either (or only just), so the loop is not held at all.
+            fleet.counters.suspect_decisions.fetch_add(1, Relaxed);
+            return Ok(self.fallback(fleet, key, now));
+        }
         let redis_key = protocol.key(scope, identity);
         let known = fleet.known.clone();
-        handle.spawn(async move {
+        let call = async move {
             let reply = protocol.check(&redis_key).await.ok();
             if let Some(FleetWindowVerdict {
                 verdict: WindowVerdict::Limited { retry_after },
@@ -287,17 +479,15 @@ impl PyWindowLockout {
                         .insert(key, until, decided_at + retry_after, Instant::now());
                 }
             }
-            let _ = tx.send(reply);
-        });
-        match py.detach(move || rx.recv_timeout(bound)) {
-            Ok(Some(reply)) => {
+            reply
+        };
+        match ask(py, &late, bound.wait, call)? {
+            Asked::Answered(reply) => {
                 fleet.counters.fleet_decisions.fetch_add(1, Relaxed);
                 Ok((reply.verdict, reply.decided_at, Decider::Fleet))
             }
-            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                Ok(self.fallback(fleet, key, now))
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Asked::Failed => Ok(self.fallback(fleet, key, now)),
+            Asked::Late => {
                 fleet.counters.late_decisions.fetch_add(1, Relaxed);
                 Ok(self.fallback(fleet, key, now))
             }
@@ -306,31 +496,42 @@ impl PyWindowLockout {
 
     /// Runs `call` on the fleet for `scope`/`identity` within the bound; `None` if Redis did
     /// not answer in time (or is down).
+    ///
+    /// These calls (`time_until_allowed`'s wait, `reset`) share the decisions' suspect state:
+    /// it is one connection to one Redis, and a loop must not wait 3 ms per call on a frozen
+    /// Redis any more than per decision. While Redis is suspect, on a loop, a call that only
+    /// reads (`sends_unwaited = false`) is not sent; one that writes (a reset) is sent but not
+    /// waited for, so that it still reaches Redis if Redis was only slow.
     fn fleet_call<T: Send + 'static>(
         &self,
         py: Python<'_>,
         fleet: &Fleet,
         scope: &str,
         identity: &str,
+        sends_unwaited: bool,
         call: impl FnOnce(
             FleetWindowLockout,
             String,
         )
             -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<T>> + Send>>,
     ) -> PyResult<Option<T>> {
-        let protocol = fleet.protocol(*self.local.rule())?;
+        let (protocol, late) = fleet.protocol(*self.local.rule())?;
         if !protocol.is_up() {
             return Ok(None);
         }
         let bound = fleet.bound(py, &protocol);
-        let handle = runtime_start()?;
-        let (tx, rx) = mpsc::sync_channel::<Option<T>>(1);
+        let mut wait = bound.wait;
+        if bound.on_loop && late.suspect() {
+            if !sends_unwaited {
+                return Ok(None);
+            }
+            wait = Duration::ZERO;
+        }
         let redis_key = protocol.key(scope, identity);
-        let future = call(protocol, redis_key);
-        handle.spawn(async move {
-            let _ = tx.send(future.await);
-        });
-        Ok(py.detach(move || rx.recv_timeout(bound)).ok().flatten())
+        Ok(match ask(py, &late, wait, call(protocol, redis_key))? {
+            Asked::Answered(value) => Some(value),
+            Asked::Failed | Asked::Late => None,
+        })
     }
 
     fn decision_object(&self, py: Python<'_>, verdict: WindowVerdict) -> PyResult<Py<PyAny>> {
@@ -504,7 +705,7 @@ impl PyWindowLockout {
             if self.local.rule().max_requests() == 0 {
                 return Ok(0.0);
             }
-            let remote = self.fleet_call(py, fleet, endpoint, identity, |p, k| {
+            let remote = self.fleet_call(py, fleet, endpoint, identity, false, |p, k| {
                 Box::pin(async move { p.wait(&k).await.ok().map(|(wait, _)| wait) })
             })?;
             Ok(remote.unwrap_or(0.0).max(local))
@@ -519,7 +720,7 @@ impl PyWindowLockout {
             if let Some(fleet) = &self.fleet {
                 fleet.known.lock().until.remove(&key);
                 if self.local.rule().max_requests() > 0 {
-                    self.fleet_call(py, fleet, endpoint, identity, |p, k| {
+                    self.fleet_call(py, fleet, endpoint, identity, true, |p, k| {
                         Box::pin(async move { p.reset(&k).await.ok() })
                     })?;
                 }
@@ -584,6 +785,8 @@ impl PyWindowLockout {
                 d.set_item("known_refusals", c.known_refusals.load(Relaxed))?;
                 d.set_item("offline_decisions", c.offline_decisions.load(Relaxed))?;
                 d.set_item("late_decisions", c.late_decisions.load(Relaxed))?;
+                d.set_item("suspect_decisions", c.suspect_decisions.load(Relaxed))?;
+                d.set_item("late_outstanding", fleet.late_outstanding())?;
                 d.set_item("on_backend_error", fleet.fallback.name())?;
             }
             Ok(d)
