@@ -741,3 +741,31 @@ async fn a_settle_during_an_outage_is_local_and_counted() {
     }
     assert_eq!(budget.stats().offline_decisions, 2);
 }
+
+/// A server that has forgotten the script (`SCRIPT FLUSH`, as after a restart or on a new
+/// cluster node) gets it loaded again by the decision that finds it missing (`NOSCRIPT`), and
+/// the decision is counted once: the limit still admits exactly N.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_is_loaded_again_and_the_decision_counted_once() {
+    let server = shared();
+    let budget = budget_on(
+        server,
+        &name("flushed"),
+        &[Limit::sliding(Meter::Requests, rate(3, 60_000))],
+        BudgetFallback::Reject,
+    );
+    let decide = || async {
+        match budget.reserve(b"k", 0).await.unwrap() {
+            // Kept (the turn ran): dropping a reservation gives nothing back.
+            FleetDecision::Allowed(r) => Some(r.decider()),
+            FleetDecision::Limited(_) => None,
+        }
+    };
+    assert_eq!(decide().await, Some(Decider::Fleet));
+    assert_eq!(server.command(&["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(decide().await, Some(Decider::Fleet));
+    assert_eq!(server.command(&["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(decide().await, Some(Decider::Fleet));
+    assert_eq!(decide().await, None, "a fourth within the minute");
+    assert_eq!(budget.stats().fleet_decisions, 4);
+}
