@@ -341,3 +341,53 @@ def test_the_interpreter_exits_cleanly_with_round_trips_in_flight(redis_server):
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert "panicked" not in done.stderr and "Fatal" not in done.stderr, done.stderr[-2000:]
+
+
+OUT_OF_DESCRIPTORS = """
+import asyncio, os, resource, sys
+import admitgate
+
+url, name = sys.argv[1], sys.argv[2]
+gate = admitgate.AdmissionGate(rate_limit=admitgate.RateLimit(requests=(5, 3600), fleet=url, name=name))
+
+async def turns(identity):
+    ran = 0
+    for i in range(8):
+        try:
+            async with gate.admit(session_id=identity):
+                ran += 1
+        except admitgate.AdmissionRejected as refused:
+            assert refused.reason == "rate_limited", refused.reason
+    return ran
+
+first = asyncio.run(turns("ada"))  # connected; this loop's inbox made (and gone with it)
+loop = asyncio.new_event_loop()
+# No descriptor left for the next loop's socket pair: its turns take the slower route.
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+held = []
+try:
+    while True:  # the numbers below the limit that are free
+        held.append(os.dup(0))
+except OSError:
+    pass
+second = loop.run_until_complete(turns("bo"))
+assert getattr(loop, "_admitgate_inbox", None) is None
+print(first, second)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_process_out_of_descriptors_still_gets_its_answers(redis_server):
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS, redis_server.url, fresh_name("nofd")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Each identity ran exactly its limit, decided on Redis (a new identity is never a known
+    # refusal), the second through the slower route.
+    assert done.stdout.split() == ["5", "5"], done.stdout

@@ -27,8 +27,8 @@
 //! * **Every future ends.** A task that ends without its result (a panic, a runtime that drops
 //!   it unrun) posts an error in its place.
 //!
-//! A loop that takes no attributes, or cannot watch a file descriptor, gets pyo3-async-runtimes'
-//! conversion instead (slower, same results).
+//! A loop that takes no attributes, or cannot watch a file descriptor (or a process out of
+//! descriptors), gets pyo3-async-runtimes' conversion instead (slower, same results).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -229,8 +229,9 @@ fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, deliver: Deliver) {
 }
 
 /// The inbox of `event_loop`, made and watched on first use (or after a fork); `None` for a
-/// loop that takes no attributes or cannot watch a file descriptor. Called on the loop's own
-/// thread, so two inboxes are never made for one loop at once.
+/// loop that takes no attributes or cannot watch a file descriptor, or when no socket pair
+/// can be made. Called on the loop's own thread, so two inboxes are never made for one loop
+/// at once.
 fn inbox_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, LoopInbox>>> {
     let py = event_loop.py();
     let name = pyo3::intern!(py, "_admitgate_inbox");
@@ -242,9 +243,13 @@ fn inbox_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, 
             }
         }
     }
-    let (woken, wake) = UnixStream::pair()?;
-    woken.set_nonblocking(true)?;
-    wake.set_nonblocking(true)?;
+    // No socket pair (the process is out of descriptors): the slower route needs none.
+    let Ok((woken, wake)) = UnixStream::pair() else {
+        return Ok(None);
+    };
+    if woken.set_nonblocking(true).is_err() || wake.set_nonblocking(true).is_err() {
+        return Ok(None);
+    }
     let fd = woken.as_raw_fd();
     let inbox = Bound::new(
         py,
