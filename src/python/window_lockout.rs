@@ -105,12 +105,21 @@ struct Known {
 
 const MIN_KNOWN_SWEEP: usize = 1024;
 
+/// The least time a known refusal must have left to be answered locally (see [`Known::get`]).
+const KNOWN_MIN_LEFT: Duration = Duration::from_micros(2);
+
 impl Known {
     /// `(seconds left, the server time it stands for)`, if a refusal is known for `key`.
+    ///
+    /// A refusal with less than [`KNOWN_MIN_LEFT`] to go is not answered here: the server
+    /// time it stands for, in `f64` seconds since the epoch (a resolution of about 0.24 µs
+    /// today), would round to the refusal's own end, a time at which the rule allows; Redis
+    /// answers such a call exactly.
     fn get(&self, key: u64, now: Instant) -> Option<(f64, f64)> {
         let &(until, server_until) = self.until.get(&key)?;
-        (now < until).then(|| {
-            let left = until.saturating_duration_since(now).as_secs_f64();
+        let left = until.saturating_duration_since(now);
+        (left >= KNOWN_MIN_LEFT).then(|| {
+            let left = left.as_secs_f64();
             (left, server_until - left)
         })
     }
