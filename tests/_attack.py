@@ -245,3 +245,27 @@ def request_bytes(
     """An HTTP/1.1 request as bytes, headers exactly as given (no Content-Length added)."""
     head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
     return head.encode("latin-1") + b"\r\n" + body
+
+
+def h2c_post_headers(body: bytes) -> Any:
+    """An h2c client connection (prior knowledge) with its preface and the HEADERS of an A2A
+    1.0 JSON-RPC POST of ``body`` queued on stream 1; the caller sends the body (whole or in
+    part) with ``send_data(1, ...)`` and writes ``data_to_send()``."""
+    import h2.config
+    import h2.connection
+
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    connection.initiate_connection()
+    connection.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":path", "/"),
+            (":scheme", "http"),
+            (":authority", "agent"),
+            ("content-type", "application/json"),
+            ("a2a-version", "1.0"),
+            ("content-length", str(len(body))),
+        ],
+    )
+    return connection

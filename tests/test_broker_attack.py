@@ -37,6 +37,7 @@ from _attack import (
     CountingExecutor,
     HypercornThread,
     RawResponse,
+    h2c_post_headers,
     raw_exchange,
     read_response,
     request_bytes,
@@ -436,28 +437,13 @@ def test_an_http1_request_cut_anywhere_around_the_sniff_runs_once(
 def test_an_h2c_connection_cut_anywhere_in_its_preface_runs_once(env: Any, cuts: list[int]) -> None:
     """The same over h2c with prior knowledge: the client's preface and first frames cut inside
     and around the 24-byte preface. Answered 200, run exactly once, within the cap."""
-    import h2.config
-    import h2.connection
     import h2.events
 
     executor, broker = env.executors["uvicorn"], env.brokers["uvicorn"]
     _settle(env, "uvicorn")
     executor.reset()
     body = _send_body("sleep 0.05")
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    conn.send_headers(
-        1,
-        [
-            (":method", "POST"),
-            (":path", "/"),
-            (":scheme", "http"),
-            (":authority", "agent"),
-            ("content-type", "application/json"),
-            ("a2a-version", "1.0"),
-            ("content-length", str(len(body))),
-        ],
-    )
+    conn = h2c_post_headers(body)
     conn.send_data(1, body, end_stream=True)
     host, port = broker.address.rsplit(":", 1)
     status = None

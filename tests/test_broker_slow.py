@@ -26,7 +26,14 @@ from typing import Any
 import httpx
 import pytest
 from _a2a_app import ServerThread, build_sdk_app, jsonrpc, send_params
-from _attack import CountingExecutor, HypercornThread, raw_exchange, read_response, request_bytes
+from _attack import (
+    CountingExecutor,
+    HypercornThread,
+    h2c_post_headers,
+    raw_exchange,
+    read_response,
+    request_bytes,
+)
 from _broker import BrokerProcess, build_broker, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -258,8 +265,6 @@ def test_a_queued_h2_client_that_leaves_mid_body_withdraws(env: Any, how: str) -
     """Item 9 over HTTP/2: a queued stream whose body is still arriving, its client resetting
     the stream or closing the connection, withdraws at once (hyper reads an h2 connection
     whatever a stream's body does), counted as cancelled and never admitted."""
-    import h2.config
-    import h2.connection
     import h2.errors
 
     executor = env.executor
@@ -284,20 +289,7 @@ def test_a_queued_h2_client_that_leaves_mid_body_withdraws(env: Any, how: str) -
         params = send_params("echo queued")
         params["metadata"] = {"pad": "p" * 64000}
         body = json.dumps(jsonrpc("SendMessage", params)).encode()
-        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        connection.initiate_connection()
-        connection.send_headers(
-            1,
-            [
-                (":method", "POST"),
-                (":path", "/"),
-                (":scheme", "http"),
-                (":authority", "agent"),
-                ("content-type", "application/json"),
-                ("a2a-version", "1.0"),
-                ("content-length", str(len(body))),
-            ],
-        )
+        connection = h2c_post_headers(body)
         connection.send_data(1, body[:16384])  # past the buffer; the rest never comes
         with _connect(broker) as sock:
             sock.sendall(connection.data_to_send())
@@ -429,28 +421,13 @@ def test_an_h2_client_that_grants_no_window_holds_its_slot_no_longer_than_the_se
     the response stops moving. Past --send-timeout without the client asking for more, the
     request is treated as abandoned (its answer read on and discarded, the slot freed when it
     ends). Seen failing before the fix: the slot stayed held."""
-    import h2.config
-    import h2.connection
 
     executor = env.executor
     wait_until(lambda: executor.running == 0, timeout=15)
     broker = _broker(env, "--max-in-flight", "1", "--send-timeout", "1")
     try:
         body = json.dumps(jsonrpc("SendMessage", send_params(f"big {4 * 1024 * 1024}"))).encode()
-        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        connection.initiate_connection()
-        connection.send_headers(
-            1,
-            [
-                (":method", "POST"),
-                (":path", "/"),
-                (":scheme", "http"),
-                (":authority", "agent"),
-                ("content-type", "application/json"),
-                ("a2a-version", "1.0"),
-                ("content-length", str(len(body))),
-            ],
-        )
+        connection = h2c_post_headers(body)
         connection.send_data(1, body, end_stream=True)
         with _connect(broker) as sock:
             sock.sendall(connection.data_to_send())
