@@ -67,6 +67,17 @@ async def assert_room(url: str, name: str, identity: str, room: int) -> None:
             await asyncio.sleep(0.05)
 
 
+def run_python(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``source`` in a fresh interpreter with ``args`` as its ``sys.argv[1:]``."""
+    return subprocess.run(
+        [sys.executable, "-c", source, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def inbox_pending() -> int:
     inbox = getattr(asyncio.get_running_loop(), "_admitgate_inbox", None)
     return 0 if inbox is None else len(inbox)
@@ -332,13 +343,7 @@ def test_the_interpreter_exits_cleanly_with_round_trips_in_flight(redis_server):
     """A process that exits while its budget's answers are on their way: the runtime thread
     never enters the interpreter, so nothing it posts late can crash the exit."""
     for _ in range(3):
-        done = subprocess.run(
-            [sys.executable, "-c", EXIT_MID_FLIGHT, redis_server.url, fresh_name("exit")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_python(EXIT_MID_FLIGHT, redis_server.url, fresh_name("exit"))
         assert done.returncode == 0, done.stderr[-2000:]
         assert "panicked" not in done.stderr and "Fatal" not in done.stderr, done.stderr[-2000:]
 
@@ -380,13 +385,7 @@ print(first, second)
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_a_process_out_of_descriptors_still_gets_its_answers(redis_server):
-    done = subprocess.run(
-        [sys.executable, "-c", OUT_OF_DESCRIPTORS, redis_server.url, fresh_name("nofd")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python(OUT_OF_DESCRIPTORS, redis_server.url, fresh_name("nofd"))
     assert done.returncode == 0, done.stderr[-2000:]
     # Each identity ran exactly its limit, decided on Redis (a new identity is never a known
     # refusal), the second through the slower route.
