@@ -137,7 +137,7 @@ async def decisions(url: str, concurrency: int, seconds: float) -> dict[str, Any
 def decisions_elsewhere(python: str, url: str, seconds: float) -> list[dict[str, Any]]:
     """The decisions part run by another interpreter (another build of admitgate) on ``url``."""
     command = [python, str(Path(__file__).resolve()), "--decisions-only", "--json"]
-    command += ["--redis-url", url, "--seconds", str(seconds)]
+    command += ["--redis-url", url, "--decision-ms", str(round(seconds * 1000))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{python}: the baseline run failed: {done.stderr.strip()[-400:]}")
@@ -168,11 +168,12 @@ def main() -> None:
     )
     parser.add_argument("--decisions-only", action="store_true", help="skip the exactness burst")
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
-    parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    # For --baseline-python's child run: how long each concurrency is measured.
+    parser.add_argument("--decision-ms", type=integer(100, 600_000), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline_python is not None and not os.access(args.baseline_python, os.X_OK):
         parser.error(f"argument --baseline-python: not an executable: {args.baseline_python!r}")
-    seconds = args.seconds or (1.0 if args.quick else 5.0)
+    seconds = args.decision_ms / 1000 if args.decision_ms else (1.0 if args.quick else 5.0)
     redis = None if args.redis_url else LocalRedis()
     url = args.redis_url or redis.url  # type: ignore[union-attr]
     load = os.getloadavg()[0]
