@@ -125,12 +125,20 @@ async def decisions(url: str, concurrency: int, seconds: float) -> dict[str, Any
     await asyncio.gather(*(caller(c) for c in range(concurrency)))
     elapsed = time.monotonic() - began
     latencies.sort()
+    fleet_decisions = limit.stats()["fleet_decisions"]
+    if fleet_decisions < len(latencies):
+        # Redis did not decide them all (unreachable, or answering late): what was timed is
+        # the fallback's decisions, not the fleet's.
+        raise SystemExit(
+            f"budget_fleet.py: only {fleet_decisions} of {len(latencies)} decisions at "
+            f"{concurrency} callers reached Redis; is it reachable and idle?"
+        )
     return {
         "concurrency": concurrency,
         "decisions_per_s": round(len(latencies) / elapsed),
         "p50_us": round(statistics.median(latencies) * 1e6),
         "p99_us": round(latencies[int(len(latencies) * 0.99)] * 1e6),
-        "fleet_decisions": limit.stats()["fleet_decisions"],
+        "fleet_decisions": fleet_decisions,
     }
 
 
@@ -173,6 +181,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.baseline_python is not None and not os.access(args.baseline_python, os.X_OK):
         parser.error(f"argument --baseline-python: not an executable: {args.baseline_python!r}")
+    if args.redis_url is not None:
+        import admitgate
+
+        try:  # admitgate's own check of the URL (a password in it never shown)
+            admitgate.RateLimit(requests="1/s", fleet=args.redis_url)
+        except (TypeError, ValueError) as error:
+            parser.error(f"argument --redis-url: {error}")
     seconds = args.decision_ms / 1000 if args.decision_ms else (1.0 if args.quick else 5.0)
     redis = None if args.redis_url else LocalRedis()
     url = args.redis_url or redis.url  # type: ignore[union-attr]
